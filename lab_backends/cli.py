@@ -1,0 +1,123 @@
+"""``lab-backends``: the command line behind the README's two commands.
+
+Sub-commands:
+  serve         run a real Triton in the foreground until Ctrl-C / SIGTERM
+  setup         everything ``make`` does after ``pip install``: backend dir, models, C backends
+  lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .paths import MODEL_REPOSITORY, PROJECT_ROOT
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import TritonServer, install_sigterm_handler
+
+    install_sigterm_handler()
+    server = TritonServer(
+        args.model_repository or MODEL_REPOSITORY,
+        models=args.model or None,
+        target="local",
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        startup_timeout_s=args.startup_timeout,
+    )
+    with server:
+        print(f"Triton is ready (pid {server.pid})", flush=True)
+        print(f"  HTTP/REST : http://{server.http_url}", flush=True)
+        print(f"  gRPC      : {server.grpc_url}", flush=True)
+        print(f"  metrics   : {server.metrics_url}", flush=True)
+        print(f"  log       : {server.log_path}", flush=True)
+        print("  admin APIs are restricted by a per-server key (not printed); Ctrl-C stops", flush=True)
+        try:
+            while server.is_running():
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        if not server.is_running():
+            print(f"tritonserver exited on its own; see {server.log_path}", file=sys.stderr)
+            return 1
+    print("stopped", flush=True)
+    return 0
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from . import bundle
+
+    b = bundle.find_bundle()
+    bundle.check_model_environment()
+    bundle.prepare_backend_dir(b)
+    print(f"backend directory ready: {bundle.BACKEND_DIR}")
+    return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    """JupyterLab on 127.0.0.1 with a fresh token, printed once so the learner can open it."""
+    from .ports import free_ports
+
+    token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
+    port = args.port or free_ports(1)[0]
+    cmd = [
+        sys.executable, "-m", "jupyterlab",
+        "--ip=127.0.0.1", f"--port={port}", "--no-browser",
+        f"--ServerApp.root_dir={PROJECT_ROOT / 'notebooks'}",
+        f"--IdentityProvider.token={token}",
+    ]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    print(f"JupyterLab: http://127.0.0.1:{port}/lab?token={token}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT / "notebooks")
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # Jupyter asks for confirmation on the first one
+        return proc.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lab-backends", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a real Triton in the foreground")
+    serve.add_argument("--model-repository", type=Path)
+    serve.add_argument("--http-port", type=int)
+    serve.add_argument("--grpc-port", type=int)
+    serve.add_argument("--metrics-port", type=int)
+    serve.add_argument("--model", action="append", help="load only this model (repeatable)")
+    serve.add_argument("--startup-timeout", type=float, default=180.0)
+    serve.set_defaults(func=_serve)
+
+    setup = sub.add_parser("setup", help="prepare backends and build models (idempotent)")
+    setup.set_defaults(func=_setup)
+
+    lab = sub.add_parser("lab", help="start JupyterLab on notebooks/")
+    lab.add_argument("--port", type=int)
+    lab.set_defaults(func=_lab)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import LabBackendsError
+
+    try:
+        return args.func(args)
+    except LabBackendsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""One exception hierarchy for the workbench.
+
+Every message says what went wrong *and* what to do about it, because the reader is a learner
+looking at a notebook cell, not a developer with a debugger.
+"""
+
+from __future__ import annotations
+
+
+class LabBackendsError(Exception):
+    """Base of every error raised by ``lab_backends``."""
+
+
+class ServerBinaryNotFoundError(LabBackendsError):
+    """The embedded ``tritonserver`` (or a piece it needs, such as the Python stub) is missing."""
+
+
+class EnvironmentMismatchError(LabBackendsError):
+    """The Python environment cannot run model code correctly (e.g. numpy 2 in this Triton)."""
+
+
+class ServerStartupTimeoutError(LabBackendsError, TimeoutError):
+    """The server did not become ready before its deadline; it has been stopped."""
+
+
+class ServerExitedError(LabBackendsError):
+    """The server process exited on its own; the message quotes its log."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(f"{message}\nlast log lines:\n{log_tail}" if log_tail else message)
+
+    @classmethod
+    def with_log(cls, message: str, log_tail: str) -> "ServerExitedError":
+        return cls(message, log_tail)
+
+
+class PortInUseError(LabBackendsError):
+    """A port that was asked for explicitly is already taken."""
+
+
+class ModelLoadError(LabBackendsError):
+    """A model failed to load; ``model`` names it and ``reason`` quotes Triton."""
+
+    def __init__(self, model: str, reason: str, hint: str = "") -> None:
+        self.model = model
+        self.reason = reason
+        message = f"model '{model}' failed to load: {reason}"
+        if hint:
+            message += f"\n  how to fix: {hint}"
+        super().__init__(message)
+
+
+class ModelConfigError(LabBackendsError):
+    """A ``config.pbtxt`` does not parse with Triton's model-config schema."""
+
+
+class DockerUnavailableError(LabBackendsError):
+    """The ``docker`` target was asked for, but no Docker engine (or SDK) is reachable."""
+
+
+class RemoteServerError(LabBackendsError):
+    """The server at ``TRITON_URL`` is not reachable or not ready."""
+
+
+class BackendBuildError(LabBackendsError):
+    """A C backend failed to compile or link."""
+
+
+class StubCrashedError(LabBackendsError):
+    """A Python backend stub died; Triton will not restart it by itself."""

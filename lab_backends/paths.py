@@ -1,0 +1,21 @@
+"""Where things live in a checkout, so that no module hard-codes a path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: The repository root (the folder that holds ``pyproject.toml``).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: The default model repository served by ``TritonServer()``.
+MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+#: Everything built at set-up time (backends, trained artifacts, run folders); git-ignored.
+BUILD_DIR = Path(os.environ.get("LAB_BUILD_DIR", PROJECT_ROOT / "build"))
+
+#: The backend directory handed to ``--backend-directory``: the Python backend plus C backends.
+BACKEND_DIR = BUILD_DIR / "backends"
+
+#: Per-server working folders (logs, trace files).
+RUNS_DIR = BUILD_DIR / "runs"

@@ -1,0 +1,45 @@
+"""A tiny guardian process: if the owner of a server dies, the server and its stubs die too.
+
+A Jupyter kernel killed with SIGKILL runs no ``atexit`` and no ``finally``. The watchdog is a
+separate process in its own session that polls two things: its parent (the owner) and the server.
+When the owner disappears it stops the server's process group and removes the server's
+``/dev/shm`` regions; when the server is gone it simply exits.
+
+Run as ``python -m lab_backends.watchdog OWNER_PID SERVER_PID GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from .processes import alive, group_members, remove_shm, shm_regions, stop_group
+
+POLL_S = 0.2
+
+
+def watch(owner: int, server: int, grace_s: float) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the owner stops us when it stops cleanly
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the owner, not us
+    seen: set[str] = set()
+    while True:
+        if not alive(server) and not group_members(server):
+            remove_shm(seen)  # stubs of a crashed server leave their regions behind
+            return 0
+        seen |= shm_regions(group_members(server))
+        if os.getppid() != owner or not alive(owner):
+            stop_group(server, grace_s)
+            remove_shm(seen)
+            return 0
+        time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    owner, server, grace = (argv or sys.argv[1:])[:3]
+    return watch(int(owner), int(server), float(grace))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
