@@ -1,0 +1,77 @@
+"""One-call inference over either protocol, so notebooks and tests need not repeat boilerplate.
+
+``infer(server, "cost_model", {"INPUT0": x})`` returns ``{"OUTPUT0": array}``. It uses
+``tritonclient`` underneath (the real KServe v2 protocol), with binary tensors over HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from tritonclient.utils import np_to_triton_dtype
+
+PROTOCOLS = ("grpc", "http")
+
+
+def _module(protocol: str):
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+    elif protocol == "http":
+        import tritonclient.http as module
+    else:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    return module
+
+
+def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary: bool = True) -> list:
+    """``tritonclient`` InferInput objects for named numpy arrays (BYTES for object/str arrays)."""
+    module = _module(protocol)
+    made = []
+    for name, array in inputs.items():
+        array = np.asarray(array)
+        dtype = "BYTES" if array.dtype.kind in "OSU" else np_to_triton_dtype(array.dtype)
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        if protocol == "http":
+            tensor.set_data_from_numpy(array, binary_data=binary)
+        else:
+            tensor.set_data_from_numpy(array)
+        made.append(tensor)
+    return made
+
+
+def infer(
+    server: Any,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str] | None = None,
+    protocol: str = "grpc",
+    parameters: Mapping[str, Any] | None = None,
+    request_id: str = "",
+    client: Any = None,
+    **kwargs: Any,
+) -> dict[str, np.ndarray]:
+    """Run one inference and return every (or the named) output as numpy arrays.
+
+    ``server`` is a :class:`~lab_backends.server.TritonServer`; pass ``client`` to reuse your own.
+    Extra keyword arguments (``sequence_id``, ``headers``, ...) go to ``client.infer``.
+    """
+    module = _module(protocol)
+    client = client or (server.grpc_client if protocol == "grpc" else server.http_client)
+    requested = None
+    if outputs is not None:
+        requested = [
+            module.InferRequestedOutput(name, binary_data=True) if protocol == "http" else module.InferRequestedOutput(name)
+            for name in outputs
+        ]
+    result = client.infer(
+        model,
+        make_inputs(inputs, protocol),
+        outputs=requested,
+        parameters=dict(parameters) if parameters else None,
+        request_id=request_id,
+        **kwargs,
+    )
+    response = result.get_response(as_json=True) if protocol == "grpc" else result.get_response()
+    names = outputs or [o["name"] for o in response["outputs"]]
+    return {name: result.as_numpy(name) for name in names}
