@@ -3,6 +3,7 @@
 Sub-commands:
   serve         run a real Triton in the foreground until Ctrl-C / SIGTERM
   setup         everything ``make`` does after ``pip install``: backend dir, models, C backends
+  build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
 """
 
@@ -20,10 +21,18 @@ from pathlib import Path
 from .paths import MODEL_REPOSITORY, PROJECT_ROOT
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from .server import TritonServer, install_sigterm_handler
+class _StopRequested(Exception):
+    """Raised by the SIGTERM handler so ``with TritonServer`` unwinds and stops the server."""
 
-    install_sigterm_handler()
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopRequested()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import TritonServer
+
+    signal.signal(signal.SIGTERM, _raise_stop)
     server = TritonServer(
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
@@ -43,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             while server.is_running():
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _StopRequested):
             pass
         if not server.is_running():
             print(f"tritonserver exited on its own; see {server.log_path}", file=sys.stderr)
@@ -59,6 +68,16 @@ def _setup(args: argparse.Namespace) -> int:
     bundle.check_model_environment()
     bundle.prepare_backend_dir(b)
     print(f"backend directory ready: {bundle.BACKEND_DIR}")
+    _build_backends(args)
+    return 0
+
+
+def _build_backends(args: argparse.Namespace) -> int:
+    """Compile the C backends in c_backends/ (only stale ones unless --force)."""
+    from . import cbackend
+
+    for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
+        print(f"C backend {name}: {path}")
     return 0
 
 
@@ -102,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup", help="prepare backends and build models (idempotent)")
     setup.set_defaults(func=_setup)
 
+    build_backends = sub.add_parser("build-backends", help="compile the C backends in c_backends/ with gcc")
+    build_backends.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build_backends.set_defaults(func=_build_backends)
+
     lab = sub.add_parser("lab", help="start JupyterLab on notebooks/")
     lab.add_argument("--port", type=int)
     lab.set_defaults(func=_lab)
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except LabBackendsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except _StopRequested:
+        return 0
 
 
 if __name__ == "__main__":

@@ -69,3 +69,23 @@ class BackendBuildError(LabBackendsError):
 
 class StubCrashedError(LabBackendsError):
     """A Python backend stub died; Triton will not restart it by itself."""
+
+
+class LoadSettingError(LabBackendsError):
+    """A load, sweep, bench or panel setting is out of range (concurrency 0, a bad batch size...)."""
+
+
+class StatisticsError(LabBackendsError):
+    """A statistics or metrics payload does not hold what was asked for (e.g. the model is missing)."""
+
+
+class TraceError(LabBackendsError):
+    """A trace file is missing, incomplete or does not hold the request asked for."""
+
+
+class ExerciseError(LabBackendsError):
+    """An exercise answer is wrong; the message says what the real server did with it."""
+
+
+class ProtocolError(LabBackendsError):
+    """The server refused a hand-built KServe v2 request; the message quotes its answer."""

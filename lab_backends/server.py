@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -495,19 +494,3 @@ def _terminate(process: subprocess.Popen, watchdog: subprocess.Popen | None, gra
             watchdog.wait(timeout=5)
         except subprocess.TimeoutExpired:
             watchdog.kill()
-
-
-def _exit_with_servers(signum: int, frame: object) -> None:
-    """SIGTERM handler for scripts: unwind (so ``with`` blocks and finalizers stop servers)."""
-    raise SystemExit(128 + signum)
-
-
-def install_sigterm_handler() -> None:
-    """Make SIGTERM raise ``SystemExit`` in the main thread, so servers stop cleanly.
-
-    Without it a SIGTERM kills Python without running ``finally`` or ``atexit``; the watchdog would
-    still stop the server, but only after noticing. Called by the CLI; notebooks rely on the watchdog.
-    """
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _exit_with_servers)
-

@@ -1,0 +1,183 @@
+/*
+ * lab_triton.h - the part of Triton's backend C API that this workbench's C backends use.
+ *
+ * Why our own header: the upstream headers (tritonserver.h, tritonbackend.h) are written for C++
+ * builds, are not shipped in the nvidia-pytriton wheel, and pull in two more repositories and
+ * CMake. A backend only needs a few dozen declarations, so we write them here ourselves, from
+ * the public API documentation, for plain C and gcc.
+ *
+ * Every function below is *implemented by the server* (libtritonserver.so) and called by us,
+ * except the "entry points" at the end, which *we* implement and the server calls.
+ * Build with lab_backends.cbackend.build(), which links with -Wl,-z,defs so that a misspelled
+ * name below (or in a backend) fails at build time instead of at model load.
+ *
+ * Ownership rules worth remembering (from the API documentation):
+ *  - A TRITONSERVER_Error* returned to us is ours: read it, then TRITONSERVER_ErrorDelete() it.
+ *  - TRITONBACKEND_ResponseSend() takes the response, but NOT the error passed with it.
+ *  - Requests handed to ModelInstanceExecute are ours until TRITONBACKEND_RequestRelease().
+ *    Returning an error from Execute hands them back to the server (then send nothing).
+ *  - Statistics for a request must be reported before the request is released.
+ */
+#ifndef LAB_TRITON_H
+#define LAB_TRITON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The API version this header describes (the server in nvidia-pytriton 0.7.0 / Triton 2.51). A
+ * backend accepts a server with the same major and an equal or newer minor. */
+#define LAB_TRITONBACKEND_API_MAJOR 1u
+#define LAB_TRITONBACKEND_API_MINOR 19u
+
+/* Entry points must stay visible when compiled with -fvisibility=hidden. */
+#define LAB_EXPORT __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------- opaque handles */
+typedef struct TRITONSERVER_Error TRITONSERVER_Error;
+typedef struct TRITONSERVER_Message TRITONSERVER_Message;
+typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
+typedef struct TRITONBACKEND_Model TRITONBACKEND_Model;
+typedef struct TRITONBACKEND_ModelInstance TRITONBACKEND_ModelInstance;
+typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
+typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
+typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
+typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+
+/* ---------------------------------------------------------------- enumerations (values fixed by the ABI) */
+typedef enum {
+  TRITONSERVER_TYPE_INVALID = 0,
+  TRITONSERVER_TYPE_BOOL = 1,
+  TRITONSERVER_TYPE_UINT8 = 2,
+  TRITONSERVER_TYPE_UINT16 = 3,
+  TRITONSERVER_TYPE_UINT32 = 4,
+  TRITONSERVER_TYPE_UINT64 = 5,
+  TRITONSERVER_TYPE_INT8 = 6,
+  TRITONSERVER_TYPE_INT16 = 7,
+  TRITONSERVER_TYPE_INT32 = 8,
+  TRITONSERVER_TYPE_INT64 = 9,
+  TRITONSERVER_TYPE_FP16 = 10,
+  TRITONSERVER_TYPE_FP32 = 11,
+  TRITONSERVER_TYPE_FP64 = 12,
+  TRITONSERVER_TYPE_BYTES = 13,
+  TRITONSERVER_TYPE_BF16 = 14
+} TRITONSERVER_DataType;
+
+typedef enum {
+  TRITONSERVER_MEMORY_CPU = 0,
+  TRITONSERVER_MEMORY_CPU_PINNED = 1,
+  TRITONSERVER_MEMORY_GPU = 2
+} TRITONSERVER_MemoryType;
+
+typedef enum {
+  TRITONSERVER_ERROR_UNKNOWN = 0,
+  TRITONSERVER_ERROR_INTERNAL = 1,
+  TRITONSERVER_ERROR_NOT_FOUND = 2,
+  TRITONSERVER_ERROR_INVALID_ARG = 3,
+  TRITONSERVER_ERROR_UNAVAILABLE = 4,
+  TRITONSERVER_ERROR_UNSUPPORTED = 5,
+  TRITONSERVER_ERROR_ALREADY_EXISTS = 6,
+  TRITONSERVER_ERROR_CANCELLED = 7
+} TRITONSERVER_Error_Code;
+
+typedef enum {
+  TRITONSERVER_LOG_INFO = 0,
+  TRITONSERVER_LOG_WARN = 1,
+  TRITONSERVER_LOG_ERROR = 2,
+  TRITONSERVER_LOG_VERBOSE = 3
+} TRITONSERVER_LogLevel;
+
+/* Flags for TRITONBACKEND_ResponseSend and TRITONBACKEND_RequestRelease. */
+#define TRITONSERVER_RESPONSE_COMPLETE_FINAL 1u
+#define TRITONSERVER_REQUEST_RELEASE_ALL 1u
+
+/* ---------------------------------------------------------------- server utilities */
+TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
+void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
+const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
+const char* TRITONSERVER_ErrorCodeString(TRITONSERVER_Error* error);
+const char* TRITONSERVER_DataTypeString(TRITONSERVER_DataType datatype);
+
+/* A message (e.g. the model config) as JSON; the text belongs to the message. */
+TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(
+    TRITONSERVER_Message* message, const char** base, size_t* byte_size);
+TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
+
+TRITONSERVER_Error* TRITONSERVER_LogMessage(
+    TRITONSERVER_LogLevel level, const char* filename, int line, const char* msg);
+
+/* ---------------------------------------------------------------- backend, model, instance */
+TRITONSERVER_Error* TRITONBACKEND_ApiVersion(uint32_t* major, uint32_t* minor);
+TRITONSERVER_Error* TRITONBACKEND_BackendName(TRITONBACKEND_Backend* backend, const char** name);
+
+TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelVersion(TRITONBACKEND_Model* model, uint64_t* version);
+/* config_version 1 is the only one; the caller owns (and deletes) *model_config. */
+TRITONSERVER_Error* TRITONBACKEND_ModelConfig(
+    TRITONBACKEND_Model* model, uint32_t config_version, TRITONSERVER_Message** model_config);
+TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
+TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** state);
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceName(
+    TRITONBACKEND_ModelInstance* instance, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Model** model);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(
+    TRITONBACKEND_ModelInstance* instance, void* state);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(
+    TRITONBACKEND_ModelInstance* instance, void** state);
+
+/* ---------------------------------------------------------------- requests and inputs */
+TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, const char** id);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request, uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestInput(
+    TRITONBACKEND_Request* request, const char* name, TRITONBACKEND_Input** input);
+/* shape includes the batch dimension when the model batches; the data may come in several
+ * buffers (buffer_count), which must be read one after the other. */
+TRITONSERVER_Error* TRITONBACKEND_InputProperties(
+    TRITONBACKEND_Input* input, const char** name, TRITONSERVER_DataType* datatype,
+    const int64_t** shape, uint32_t* dims_count, uint64_t* byte_size, uint32_t* buffer_count);
+/* memory_type / memory_type_id: in = what we prefer, out = where the buffer really is. */
+TRITONSERVER_Error* TRITONBACKEND_InputBuffer(
+    TRITONBACKEND_Input* input, uint32_t index, const void** buffer, uint64_t* buffer_byte_size,
+    TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id);
+TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request, uint32_t release_flags);
+
+/* ---------------------------------------------------------------- responses and outputs */
+TRITONSERVER_Error* TRITONBACKEND_ResponseNew(
+    TRITONBACKEND_Response** response, TRITONBACKEND_Request* request);
+TRITONSERVER_Error* TRITONBACKEND_ResponseDelete(TRITONBACKEND_Response* response);
+TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(
+    TRITONBACKEND_Response* response, TRITONBACKEND_Output** output, const char* name,
+    TRITONSERVER_DataType datatype, const int64_t* shape, uint32_t dims_count);
+TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(
+    TRITONBACKEND_Output* output, void** buffer, uint64_t buffer_byte_size,
+    TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id);
+/* Takes ownership of 'response' on success; 'error' (may be NULL) stays the caller's. */
+TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
+    TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error);
+
+/* ---------------------------------------------------------------- statistics (CLOCK_MONOTONIC ns) */
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, bool success,
+    uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns,
+    uint64_t exec_end_ns);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
+    TRITONBACKEND_ModelInstance* instance, uint64_t batch_size, uint64_t exec_start_ns,
+    uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns);
+
+/* ---------------------------------------------------------------- entry points WE implement
+ * Only ModelInstanceExecute is required; the server looks the others up by name and calls the
+ * ones it finds: Initialize once per backend, ModelInitialize once per model (version),
+ * ModelInstanceInitialize once per instance, then Execute for every batch, and the *Finalize
+ * functions in reverse order on unload. A non-NULL error from an initializer fails the load. */
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t request_count);
+
+#endif /* LAB_TRITON_H */

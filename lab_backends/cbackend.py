@@ -1,0 +1,163 @@
+"""Build Triton backends written in C with plain ``gcc``: no CMake, no upstream repositories.
+
+Triton loads a backend named ``<name>`` from ``<backend dir>/<name>/libtriton_<name>.so`` and looks
+its entry points (``TRITONBACKEND_ModelInstanceExecute`` at least) up by name. Two choices here
+turn runtime surprises into build errors:
+
+* the library is linked against the server library bundled in the wheel with ``-Wl,-z,defs``,
+  so an API function that does not exist (a typo) is an *undefined reference at build time*
+  instead of a model that fails to load later with a terse ``undefined symbol``;
+* the sources compile with ``-fvisibility=hidden`` and the header marks the entry points
+  ``LAB_EXPORT``; after linking we check that the server will find ``Execute``.
+
+The output is written to a temporary file and renamed into place, so a running server that has the
+old library mapped is never handed a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from .errors import BackendBuildError
+from .paths import BACKEND_DIR, PROJECT_ROOT
+
+#: Where the C backends live: ``c_backends/<name>/<name>.c``, plus shared headers in ``include/``.
+C_BACKENDS_DIR = PROJECT_ROOT / "c_backends"
+INCLUDE_DIR = C_BACKENDS_DIR / "include"
+#: The entry point Triton insists on; the others are optional.
+REQUIRED_ENTRY_POINT = "TRITONBACKEND_ModelInstanceExecute"
+CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=hidden")
+
+
+def library_path(name: str, backend_dir: Path = BACKEND_DIR) -> Path:
+    """Where Triton looks for backend ``name``: ``<backend_dir>/<name>/libtriton_<name>.so``."""
+    return Path(backend_dir) / name / f"libtriton_{name}.so"
+
+
+def _compiler(compiler: str | None) -> str:
+    """The C compiler to use (``$CC`` or ``gcc``), or a clear error naming how to install one."""
+    wanted = compiler or os.environ.get("CC") or "gcc"
+    found = shutil.which(wanted)
+    if not found:
+        raise BackendBuildError(
+            f"C compiler '{wanted}' not found on PATH; C backends are built with gcc. Install it "
+            "(Debian/Ubuntu: `sudo apt-get install gcc`; conda: `conda install -c conda-forge "
+            "gcc`) or set CC to a compiler that exists, then run `lab-backends build-backends`"
+        )
+    return found
+
+
+def _server_library() -> Path:
+    from .bundle import find_bundle
+
+    return find_bundle().server_library()
+
+
+def _check_exports(library: Path, name: str) -> None:
+    """Fail the build if Triton would not find the required entry point (e.g. left hidden)."""
+    nm = shutil.which("nm")
+    if nm is None:  # binutils comes with gcc; without nm we only lose this extra check
+        return
+    result = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True)
+    if result.returncode == 0 and REQUIRED_ENTRY_POINT not in result.stdout.split():
+        raise BackendBuildError(
+            f"backend '{name}' built, but {library.name} does not export {REQUIRED_ENTRY_POINT}, so "
+            "Triton could not load it. Define that function (spelled exactly so) in the source and "
+            "keep it visible: declare it through lab_triton.h, which marks it LAB_EXPORT"
+        )
+
+
+def build(
+    source: str | Path,
+    name: str,
+    backend_dir: str | Path = BACKEND_DIR,
+    *,
+    compiler: str | None = None,
+    include_dirs: Iterable[str | Path] = (INCLUDE_DIR,),
+) -> Path:
+    """Compile ``source`` into Triton backend ``name`` and return the library's path.
+
+    Raises :class:`BackendBuildError` quoting the compiler when gcc is missing, the source does not
+    compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise BackendBuildError(f"C source {source} does not exist; backends live in {C_BACKENDS_DIR}/<name>/<name>.c")
+    if not name or not name.replace("_", "").isalnum():
+        raise BackendBuildError(
+            f"backend name {name!r} must be letters, digits and underscores: it becomes the folder "
+            "name and the `backend:` value in config.pbtxt"
+        )
+    cc = _compiler(compiler)
+    server_lib = _server_library()
+    target = library_path(name, Path(backend_dir))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".libtriton_{name}.", suffix=".so", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    command = [
+        cc, *CFLAGS, *(f"-I{d}" for d in include_dirs),
+        "-shared", "-o", str(tmp), str(source),
+        "-Wl,-z,defs",                               # every symbol must resolve now, not at load
+        str(server_lib),                             # the API lives in libtritonserver.so
+        f"-Wl,-rpath-link,{server_lib.parent}",      # its own dependencies, for the link check only
+        "-lm",
+    ]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            message = (result.stderr or result.stdout).strip()
+            hint = ""
+            if "undefined reference" in message:
+                hint = (
+                    "\n  how to fix: an undefined reference names a function that libtritonserver "
+                    "does not export - check its spelling against c_backends/include/lab_triton.h"
+                )
+            raise BackendBuildError(
+                f"building backend '{name}' from {source} failed (exit {result.returncode}):\n"
+                f"{message}{hint}\n  command: {' '.join(command)}"
+            )
+        _check_exports(tmp, name)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def sources() -> dict[str, Path]:
+    """Backend name -> C source for every ``c_backends/<name>/<name>.c`` in the project."""
+    return {
+        d.name: d / f"{d.name}.c"
+        for d in sorted(C_BACKENDS_DIR.iterdir())
+        if d.is_dir() and (d / f"{d.name}.c").is_file()
+    }
+
+
+def is_stale(name: str, source: Path, backend_dir: Path = BACKEND_DIR) -> bool:
+    """True when the library is missing or older than its source or any shared header."""
+    target = library_path(name, backend_dir)
+    if not target.exists():
+        return True
+    inputs = [source, *INCLUDE_DIR.glob("*.h")]
+    return any(p.stat().st_mtime > target.stat().st_mtime for p in inputs)
+
+
+def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dict[str, Path]:
+    """Build every C backend whose library is missing or stale (idempotent, used by ``setup``).
+
+    Returns name -> library path for all of them, built now or already up to date.
+    """
+    backend_dir = Path(backend_dir)
+    built: dict[str, Path] = {}
+    for name, source in sources().items():
+        if force or is_stale(name, source, backend_dir):
+            built[name] = build(source, name, backend_dir)
+        else:
+            built[name] = library_path(name, backend_dir)
+    return built

@@ -1,0 +1,185 @@
+"""``lab-backends build-models``: train, export and place every artifact the repositories serve.
+
+Idempotent: the work is skipped when every artifact exists and is newer than the code that makes
+it (a fresh clone has no artifacts, so it builds; editing ``train.py`` rebuilds). Artifacts are
+written once under ``build/models/digits`` and copied INTO the model version folders
+(``model_repository/digits_onnx/1/model.onnx`` ...), git-ignored, so that mounting a repository
+folder into a container (the NGC image) serves the same files. A file lock makes concurrent
+builds (two test sessions, a notebook) wait for each other instead of racing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..paths import BACKEND_DIR, BUILD_DIR, MODEL_REPOSITORY, PROJECT_ROOT
+
+ARTIFACT_DIR = BUILD_DIR / "models" / "digits"
+GPU_REPOSITORY = PROJECT_ROOT / "model_repository_gpu"
+#: Python-based backends shipped as source: ``backends/<name>/model.py``.
+BACKENDS_SOURCE = PROJECT_ROOT / "backends"
+METRICS_FILE = "metrics.json"
+#: The modules whose code decides the artifacts: newer code means stale artifacts.
+_CODE = ("data.py", "net.py", "train.py", "export.py", "classic.py", "build.py")
+
+#: Built file (in ARTIFACT_DIR) -> the version folders that serve it.
+PLACEMENTS: dict[str, tuple[Path, ...]] = {
+    "model.pt": (
+        MODEL_REPOSITORY / "digits_torch" / "1" / "model.pt",
+        GPU_REPOSITORY / "digits_torch_gpu" / "1" / "model.pt",
+    ),
+    "model.onnx": (
+        MODEL_REPOSITORY / "digits_onnx" / "1" / "model.onnx",
+        GPU_REPOSITORY / "digits_onnx_gpu" / "1" / "model.onnx",
+    ),
+    "digits_logreg.pkl": (MODEL_REPOSITORY / "digits_logreg" / "1" / "model.pkl",),
+    "digits_forest.pkl": (MODEL_REPOSITORY / "digits_forest" / "1" / "model.pkl",),
+}
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_models` did, for the CLI and for tests."""
+
+    trained: bool
+    seconds: float
+    metrics: dict
+    copied: list[Path] = field(default_factory=list)
+    backends: list[Path] = field(default_factory=list)
+
+    def summary(self) -> str:
+        what = "trained and exported" if self.trained else "up to date, nothing retrained"
+        acc = ", ".join(f"{k} {v:.4f}" for k, v in self.metrics.get("test_accuracy", {}).items())
+        return (
+            f"digits models {what} in {self.seconds:.1f} s (held-out accuracy: {acc}); "
+            f"{len(self.copied)} file(s) placed in model folders, {len(self.backends)} backend file(s) installed"
+        )
+
+
+def code_mtime() -> float:
+    """Newest modification time of the code that produces the artifacts."""
+    here = Path(__file__).resolve().parent
+    return max((here / name).stat().st_mtime for name in _CODE)
+
+
+def built_files(artifact_dir: Path = ARTIFACT_DIR) -> list[Path]:
+    return [artifact_dir / name for name in (*PLACEMENTS, METRICS_FILE)]
+
+
+def is_fresh(artifact_dir: Path = ARTIFACT_DIR) -> bool:
+    """True when every built file exists and is newer than the code."""
+    newest = code_mtime()
+    return all(p.exists() and p.stat().st_mtime >= newest for p in built_files(artifact_dir))
+
+
+def load_metrics(artifact_dir: Path = ARTIFACT_DIR) -> dict:
+    return json.loads((artifact_dir / METRICS_FILE).read_text())
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
+    from .classic import CLASSIC_MODELS, save_pickle, train_classic
+    from .data import SEED, load_split
+    from .export import ONNX_OPSET, export_onnx, export_torchscript
+    from .train import train
+
+    split = load_split()
+    log("training the digits MLP (PyTorch, fixed seed) ...")
+    result = train(split)
+    log(f"  held-out accuracy {result.test_accuracy:.4f} after {result.epochs} epochs in {result.seconds:.1f} s")
+    export_torchscript(result.model, artifact_dir / "model.pt")
+    export_onnx(result.model, artifact_dir / "model.onnx")
+    accuracies = {"digits_mlp": result.test_accuracy}
+    for name in CLASSIC_MODELS:
+        estimator, score = train_classic(name, split)
+        save_pickle(estimator, artifact_dir / f"{name}.pkl")
+        accuracies[name] = score
+        log(f"  {name}: held-out accuracy {score:.4f}")
+    metrics = {
+        "seed": SEED,
+        "onnx_opset": ONNX_OPSET,
+        "train_size": int(len(split.train_labels)),
+        "test_size": int(len(split.test_labels)),
+        "test_accuracy": accuracies,
+        "train_seconds": result.seconds,
+    }
+    tmp = artifact_dir / f".{METRICS_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(metrics, indent=2))
+    os.replace(tmp, artifact_dir / METRICS_FILE)  # written last: its presence means "complete"
+    return metrics
+
+
+def _copy_if_stale(src: Path, dst: Path) -> bool:
+    if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)  # atomic: a server loading the model never reads half a file
+    return True
+
+
+def place_artifacts(artifact_dir: Path = ARTIFACT_DIR) -> list[Path]:
+    """Copy built files into the version folders that serve them; returns what was copied."""
+    copied = []
+    for name, destinations in PLACEMENTS.items():
+        for dst in destinations:
+            if _copy_if_stale(artifact_dir / name, dst):
+                copied.append(dst)
+    return copied
+
+
+def python_based_backends() -> list[str]:
+    """Names of the Python-based backends shipped in ``backends/`` (each a ``model.py``)."""
+    if not BACKENDS_SOURCE.is_dir():
+        return []
+    return sorted(p.parent.name for p in BACKENDS_SOURCE.glob("*/model.py"))
+
+
+def install_python_backends(backend_dir: Path = BACKEND_DIR) -> list[Path]:
+    """Install ``backends/<name>/model.py`` as ``<backend_dir>/<name>/model.py``.
+
+    Triton looks for ``libtriton_<name>.so`` first and, failing that, for a ``model.py`` in the
+    same folder, which it runs with the Python backend: a backend written in Python.
+    """
+    installed = []
+    for name in python_based_backends():
+        dst = Path(backend_dir) / name / "model.py"
+        if _copy_if_stale(BACKENDS_SOURCE / name / "model.py", dst):
+            installed.append(dst)
+    return installed
+
+
+def build_models(
+    force: bool = False,
+    artifact_dir: Path = ARTIFACT_DIR,
+    backend_dir: Path = BACKEND_DIR,
+    log: Callable[[str], None] = lambda message: None,
+) -> BuildReport:
+    """Train/export when stale (or ``force``), then place artifacts and install Python backends."""
+    start = time.perf_counter()
+    artifact_dir = Path(artifact_dir)
+    with _locked(artifact_dir):
+        trained = force or not is_fresh(artifact_dir)
+        metrics = _train_and_export(artifact_dir, log) if trained else load_metrics(artifact_dir)
+        copied = place_artifacts(artifact_dir)
+        backends = install_python_backends(backend_dir)
+    return BuildReport(trained, time.perf_counter() - start, metrics, copied, backends)

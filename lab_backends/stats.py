@@ -1,0 +1,255 @@
+"""The server's view of a load window: deltas of Triton's statistics API and Prometheus metrics.
+
+The client sees only end-to-end latency. Triton counts, per model, how long requests waited in the
+queue and how long the backend spent on inputs, on inference and on outputs, plus how many
+executions ran at each batch size. Those counters are cumulative since the model was loaded, so a
+*window* is the difference of two snapshots: one taken before the measured load and one after.
+
+Everything below :func:`fetch_statistics` / :func:`scrape_metrics` is a pure function on payload
+dicts or text, so the arithmetic is unit-tested on payloads recorded from a real server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .errors import StatisticsError
+
+#: The per-request duration counters of ``inference_stats`` that split server time by stage.
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+# ---------------------------------------------------------------------------------------- fetching
+
+
+def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> dict:
+    """``GET /v2/models/<model>/stats`` with the server's admin key (the API is restricted).
+
+    Plain ``urllib`` rather than ``tritonclient.http`` so it may run from any thread (the latter is
+    gevent-based and must stay on one thread), e.g. from inside a running load.
+    """
+    path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
+    request = urllib.request.Request(f"http://{server.http_url}{path}", headers=dict(server.admin_headers))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise StatisticsError(
+            f"the statistics API answered HTTP {exc.code} for model '{model}': {detail}. "
+            "Is the model loaded, and does the server object carry the admin key?"
+        ) from exc
+
+
+def scrape_metrics(server: Any, timeout_s: float = 10.0) -> str:
+    """The Prometheus text page (``/metrics``); it is not restricted."""
+    with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as response:
+        return response.read().decode()
+
+
+# ---------------------------------------------------------------------------- statistics arithmetic
+
+
+def _int(value: Any) -> int:
+    """Counters arrive as ints over HTTP and as strings when a gRPC message is turned into JSON."""
+    return int(value or 0)
+
+
+def _pair(entry: Mapping[str, Any] | None) -> tuple[int, int]:
+    entry = entry or {}
+    return _int(entry.get("count")), _int(entry.get("ns"))
+
+
+def model_entries(payload: Mapping[str, Any], model: str, version: str | None = None) -> list[dict]:
+    """The ``model_stats`` entries for ``model`` (every version unless one is named)."""
+    entries = [
+        e for e in payload.get("model_stats", [])
+        if e.get("name") == model and (version is None or str(e.get("version")) == str(version))
+    ]
+    if not entries:
+        names = sorted({e.get("name", "?") for e in payload.get("model_stats", [])})
+        raise StatisticsError(
+            f"no statistics for model '{model}'" + (f" version {version}" if version else "")
+            + f" in this payload (it has: {', '.join(names) or 'nothing'}); is the model loaded?"
+        )
+    return entries
+
+
+@dataclass
+class Totals:
+    """Cumulative counters of one model (summed over versions) at one instant."""
+
+    inferences: int = 0
+    executions: int = 0
+    success: tuple[int, int] = (0, 0)
+    fail: tuple[int, int] = (0, 0)
+    stages: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: batch size -> (executions, total compute_infer ns) from ``batch_stats``.
+    batches: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def totals(payload: Mapping[str, Any], model: str, version: str | None = None) -> Totals:
+    """Sum one model's counters over its versions."""
+    out = Totals(stages={s: (0, 0) for s in STAGES})
+    for entry in model_entries(payload, model, version):
+        out.inferences += _int(entry.get("inference_count"))
+        out.executions += _int(entry.get("execution_count"))
+        stats = entry.get("inference_stats", {})
+        out.success = _add(out.success, _pair(stats.get("success")))
+        out.fail = _add(out.fail, _pair(stats.get("fail")))
+        for stage in STAGES:
+            out.stages[stage] = _add(out.stages[stage], _pair(stats.get(stage)))
+        for batch in entry.get("batch_stats", []) or []:
+            size = _int(batch.get("batch_size"))
+            out.batches[size] = _add(out.batches.get(size, (0, 0)), _pair(batch.get("compute_infer")))
+    return out
+
+
+def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _sub(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return a[0] - b[0], a[1] - b[1]
+
+
+def _avg_ms(pair: tuple[int, int]) -> float:
+    count, ns = pair
+    return ns / count / 1e6 if count > 0 else float("nan")
+
+
+@dataclass
+class ServerWindow:
+    """What the server saw between two snapshots.
+
+    Stage times are averages *per request*. Triton charges every request in a batch the batch's
+    compute time, so ``compute_infer_ms`` is the time a request spent inside an execution, not the
+    execution's share per request; ``batch_infer_ms`` gives the time per execution by batch size.
+    """
+
+    requests: int
+    failures: int
+    inferences: int
+    executions: int
+    avg_batch: float
+    server_ms: float
+    queue_ms: float
+    compute_input_ms: float
+    compute_infer_ms: float
+    compute_output_ms: float
+    #: batch size -> executions at that size in the window (sizes with none are left out).
+    batch_hist: dict[int, int]
+    #: batch size -> average compute_infer time of one execution at that size.
+    batch_infer_ms: dict[int, float]
+
+    def as_row(self, prefix: str = "server_") -> dict[str, Any]:
+        """Flat columns for a tidy DataFrame row (the histogram stays a dict in one cell)."""
+        row = {f"{prefix}{k}": v for k, v in asdict(self).items() if k not in ("batch_hist", "batch_infer_ms")}
+        row["avg_batch"] = self.avg_batch
+        row["batch_hist"] = dict(self.batch_hist)
+        return row
+
+
+def window(before: Mapping[str, Any], after: Mapping[str, Any], model: str, version: str | None = None) -> ServerWindow:
+    """The delta of two statistics payloads of the same model (``after`` taken later).
+
+    Raises :class:`StatisticsError` if a counter went backwards: the model was reloaded between the
+    snapshots (a reload resets its statistics), so the window means nothing.
+    """
+    a, b = totals(before, model, version), totals(after, model, version)
+    success = _sub(b.success, a.success)
+    fail = _sub(b.fail, a.fail)
+    executions = b.executions - a.executions
+    inferences = b.inferences - a.inferences
+    if min(success[0], fail[0], executions, inferences) < 0:
+        raise StatisticsError(
+            f"statistics of '{model}' went backwards between the snapshots: the model was reloaded in "
+            "between. Take both snapshots while the same model load is serving."
+        )
+    stages = {s: _sub(b.stages[s], a.stages[s]) for s in STAGES}
+    hist: dict[int, int] = {}
+    per_exec: dict[int, float] = {}
+    for size in sorted(set(a.batches) | set(b.batches)):
+        count, ns = _sub(b.batches.get(size, (0, 0)), a.batches.get(size, (0, 0)))
+        if count > 0:
+            hist[size] = count
+            per_exec[size] = ns / count / 1e6
+    return ServerWindow(
+        requests=success[0],
+        failures=fail[0],
+        inferences=inferences,
+        executions=executions,
+        avg_batch=inferences / executions if executions > 0 else float("nan"),
+        server_ms=_avg_ms(success),
+        queue_ms=_avg_ms(stages["queue"]),
+        compute_input_ms=_avg_ms(stages["compute_input"]),
+        compute_infer_ms=_avg_ms(stages["compute_infer"]),
+        compute_output_ms=_avg_ms(stages["compute_output"]),
+        batch_hist=hist,
+        batch_infer_ms=per_exec,
+    )
+
+
+# ------------------------------------------------------------------------------- Prometheus text
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class Metrics:
+    """A parsed Prometheus page: samples keyed by (name, sorted labels), plus each family's type."""
+
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    types: dict[str, str]
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Parse the Prometheus text format (enough of it for Triton's page)."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("# TYPE"):
+            parts = line.split()
+            if len(parts) >= 4:
+                types[parts[2]] = parts[3]
+            continue
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name, _, labels, value = match.groups()
+        key = tuple(sorted(_LABEL.findall(labels or "")))
+        try:
+            samples[(name, key)] = float(value)
+        except ValueError:
+            continue
+    return Metrics(samples, types)
+
+
+def metrics_delta(before: str | Metrics, after: str | Metrics, model: str | None = None) -> dict[str, float]:
+    """Counter deltas (summed over label sets) and gauge values after, for one model or all.
+
+    Counters are what a window is made of (``nv_inference_count``, ``..._duration_us``); a gauge
+    (``nv_cpu_utilization``, memory) has no meaningful difference, so its *after* value is given.
+    Samples that carry a ``model`` label are kept only when it matches ``model``.
+    """
+    b = before if isinstance(before, Metrics) else parse_metrics(before)
+    a = after if isinstance(after, Metrics) else parse_metrics(after)
+    out: dict[str, float] = {}
+    for (name, labels), value in a.samples.items():
+        label_map = dict(labels)
+        if model is not None and "model" in label_map and label_map["model"] != model:
+            continue
+        kind = a.types.get(name) or a.types.get(re.sub(r"_(sum|count|total|bucket)$", "", name), "untyped")
+        if kind == "counter" or (kind == "summary" and name.endswith(("_sum", "_count"))):
+            out[name] = out.get(name, 0.0) + value - b.samples.get((name, labels), 0.0)
+        elif kind == "gauge":
+            out[name] = out.get(name, 0.0) + value
+    return out
