@@ -4,6 +4,7 @@ Sub-commands:
   serve         run a real Triton in the foreground until Ctrl-C / SIGTERM
   setup         everything ``make`` does after ``pip install``: backend dir, models, C backends
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
+  build-models  train/export the digits models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
 """
 
@@ -68,6 +69,7 @@ def _setup(args: argparse.Namespace) -> int:
     bundle.check_model_environment()
     bundle.prepare_backend_dir(b)
     print(f"backend directory ready: {bundle.BACKEND_DIR}")
+    _build_models(args)
     _build_backends(args)
     return 0
 
@@ -78,6 +80,15 @@ def _build_backends(args: argparse.Namespace) -> int:
 
     for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
         print(f"C backend {name}: {path}")
+    return 0
+
+
+def _build_models(args: argparse.Namespace) -> int:
+    """Train and export the digits models, place them in the model folders, install Python backends."""
+    from .digits import build_models
+
+    report = build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
+    print(report.summary())
     return 0
 
 
@@ -124,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     build_backends = sub.add_parser("build-backends", help="compile the C backends in c_backends/ with gcc")
     build_backends.add_argument("--force", action="store_true", help="rebuild even if up to date")
     build_backends.set_defaults(func=_build_backends)
+
+    build_models = sub.add_parser("build-models", help="train and export the digits models (idempotent)")
+    build_models.add_argument("--force", action="store_true", help="retrain even if up to date")
+    build_models.set_defaults(func=_build_models)
 
     lab = sub.add_parser("lab", help="start JupyterLab on notebooks/")
     lab.add_argument("--port", type=int)

@@ -34,6 +34,21 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (the stubs of a server), cheaply, from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
 def shm_regions(pids: list[int]) -> set[str]:
     """Shared-memory region names named on the command lines of these (stub) processes."""
     names = set()

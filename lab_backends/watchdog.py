@@ -15,20 +15,29 @@ import signal
 import sys
 import time
 
-from .processes import alive, group_members, remove_shm, shm_regions, stop_group
+from .processes import alive, children, group_members, remove_shm, shm_regions, stop_group
 
 POLL_S = 0.2
+#: Reading the stubs' command lines costs more than a liveness check: do it every N polls.
+SHM_EVERY = 10
 
 
 def watch(owner: int, server: int, grace_s: float) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the owner stops us when it stops cleanly
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the owner, not us
     seen: set[str] = set()
+    tick = 0
     while True:
-        if not alive(server) and not group_members(server):
-            remove_shm(seen)  # stubs of a crashed server leave their regions behind
+        if not alive(server):
+            # The server exited or crashed: its stubs must not linger as orphans, and their
+            # shared-memory regions must not outlive them.
+            if group_members(server):
+                stop_group(server, 2.0)
+            remove_shm(seen)
             return 0
-        seen |= shm_regions(group_members(server))
+        if tick % SHM_EVERY == 0:
+            seen |= shm_regions(children(server))
+        tick += 1
         if os.getppid() != owner or not alive(owner):
             stop_group(server, grace_s)
             remove_shm(seen)
