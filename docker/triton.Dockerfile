@@ -6,7 +6,7 @@ ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITON_IMAGE}
 ARG TRITON_IMAGE
 
-# Model code runs in the image's system Python: give it numpy<2, torch and onnxruntime-gpu.
+# Model code runs in the image's system Python: give it numpy<2, torch, onnxruntime-gpu, scikit-learn.
 COPY docker/triton-requirements.txt /tmp/triton-requirements.txt
 RUN python3 -m pip install --no-cache-dir -r /tmp/triton-requirements.txt \
  && python3 -c "import numpy; assert int(numpy.__version__.split('.')[0]) < 2, numpy.__version__"
@@ -15,6 +15,8 @@ RUN python3 -m pip install --no-cache-dir -r /tmp/triton-requirements.txt \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
+# Python-based backends (backends/<name>/model.py, e.g. sklearn) sit beside the native ones.
+COPY backends/ /opt/tritonserver/backends/
 COPY c_backends /tmp/c_backends
 COPY docker/build_c_backends.sh /tmp/build_c_backends.sh
 RUN bash /tmp/build_c_backends.sh /tmp/c_backends /opt/tritonserver/backends /opt/tritonserver/lib/libtritonserver.so

@@ -58,13 +58,25 @@ def _server_library() -> Path:
     return find_bundle().server_library()
 
 
+def exported_symbols(library: str | Path) -> list[str]:
+    """The functions a shared library exports: what ``dlsym`` (and so Triton) can find in it.
+
+    Empty when ``nm`` (binutils, installed with gcc) is missing.
+    """
+    nm = shutil.which("nm")
+    if nm is None:
+        return []
+    result = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BackendBuildError(f"cannot list the symbols of {library}: {result.stderr.strip()}")
+    return sorted(line.split()[-1] for line in result.stdout.splitlines() if line.split()[1:2] == ["T"])
+
+
 def _check_exports(library: Path, name: str) -> None:
     """Fail the build if Triton would not find the required entry point (e.g. left hidden)."""
-    nm = shutil.which("nm")
-    if nm is None:  # binutils comes with gcc; without nm we only lose this extra check
+    if shutil.which("nm") is None:  # without nm we only lose this extra check
         return
-    result = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True)
-    if result.returncode == 0 and REQUIRED_ENTRY_POINT not in result.stdout.split():
+    if REQUIRED_ENTRY_POINT not in exported_symbols(library):
         raise BackendBuildError(
             f"backend '{name}' built, but {library.name} does not export {REQUIRED_ENTRY_POINT}, so "
             "Triton could not load it. Define that function (spelled exactly so) in the source and "
@@ -140,11 +152,12 @@ def sources() -> dict[str, Path]:
 
 
 def is_stale(name: str, source: Path, backend_dir: Path = BACKEND_DIR) -> bool:
-    """True when the library is missing or older than its source or any shared header."""
+    """True when the library is missing or older than its source, a shared header, or the server
+    library it links (a reinstalled wheel may rename ``libtritonserver-<hash>.so``)."""
     target = library_path(name, backend_dir)
     if not target.exists():
         return True
-    inputs = [source, *INCLUDE_DIR.glob("*.h")]
+    inputs = [source, *INCLUDE_DIR.glob("*.h"), _server_library()]
     return any(p.stat().st_mtime > target.stat().st_mtime for p in inputs)
 
 

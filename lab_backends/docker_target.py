@@ -215,7 +215,17 @@ def start_container(server: Any) -> Any:
         import tempfile
 
         server.run_dir = Path(tempfile.mkdtemp(prefix="triton-docker-", dir=RUNS_DIR))
-    container = client.containers.run(**spec)
+    import docker
+
+    try:
+        container = client.containers.run(**spec)
+    except docker.errors.APIError as exc:
+        hint = ""
+        if "gpu" in str(exc).lower() or "nvidia" in str(exc).lower():
+            hint = " For GPUs the engine needs the NVIDIA Container Toolkit; LAB_DOCKER_GPUS=0 runs on the CPU."
+        raise DockerUnavailableError(
+            f"the Docker engine refused to start {spec['name']} from {spec['image']}: {exc}.{hint}"
+        ) from exc
     threading.Thread(target=_follow_logs, args=(container, server.log_path), daemon=True).start()
     time.sleep(0.2)
     container.reload()

@@ -172,6 +172,9 @@ class TritonServer:
 
     @property
     def trace_file(self) -> Path | None:
+        """Where the server writes traces; for ``remote``, ``TRITON_TRACE_FILE`` as the lab sees it."""
+        if self.target == "remote" and self.options.trace_file is None and os.environ.get("TRITON_TRACE_FILE"):
+            return Path(os.environ["TRITON_TRACE_FILE"])
         return self.options.trace_file
 
     @property
@@ -226,7 +229,7 @@ class TritonServer:
         if self.target == "local":
             return self.process is not None and self.process.poll() is None
         if self.target == "docker":
-            return self._container is not None
+            return self._container is not None and self._exit_code() is None
         return self.is_ready()
 
     def is_ready(self) -> bool:
@@ -348,6 +351,19 @@ class TritonServer:
             self.stop()
             raise
 
+    def _exit_code(self) -> int | None:
+        """The server's exit code if it has exited (local process or container), else ``None``."""
+        if self.process is not None:
+            return self.process.poll()
+        if self._container is not None:
+            try:
+                self._container.reload()
+                if self._container.status in ("exited", "dead"):
+                    return int(self._container.attrs.get("State", {}).get("ExitCode", -1))
+            except Exception:  # noqa: BLE001 - the container is gone: it has exited
+                return -1
+        return None
+
     def log_text(self) -> str:
         """The server log so far (the admin key redacted)."""
         if not self.log_path or not self.log_path.exists():
@@ -363,11 +379,11 @@ class TritonServer:
         """Poll readiness until the deadline; fail fast if the process exits."""
         url = f"http://{self.http_url}/v2/health/ready"
         while True:
-            if self.process is not None and self.process.poll() is not None:
-                tail = self._log_tail()
+            exit_code = self._exit_code()
+            if exit_code is not None:
                 raise ServerExitedError.with_log(
-                    f"tritonserver exited with code {self.process.returncode} before it was ready "
-                    f"(log: {self.log_path})", tail
+                    f"tritonserver exited with code {exit_code} before it was ready (log: {self.log_path})",
+                    self._log_tail(),
                 )
             try:
                 if _http_get(url, timeout=1.0)[0] == 200:
@@ -431,6 +447,11 @@ class TritonServer:
                 detail = config_problem(on_disk[name]) if name in on_disk else None
                 if detail and detail not in reason:
                     reason += f"\n  {detail}"
+                if "backend" in reason and ("unable to find" in reason or "not found" in reason.lower()):
+                    reason += (
+                        f"\n  the backend library is not in {self.backend_dir}: run `lab-backends setup` "
+                        "(or `make lab`), which builds the C backends"
+                    )
             self.broken_models[name] = reason
         if self.broken_models and not self.allow_broken_models:
             name, reason = next(iter(self.broken_models.items()))

@@ -109,15 +109,19 @@ def sha256(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "gpu_bundle")
-    parser.add_argument("--preset", type=int, default=9, help="xz preset (0-9)")
+    parser.add_argument("--preset", type=int, default=9, help="xz preset (0-9); -1 writes a plain .tar (tests)")
+    parser.add_argument("--stub-python", default="%d.%d" % TARGET_PYTHON,
+                        help="stub to pack (the GPU machine's Python; tests pack this machine's)")
+    parser.add_argument("--no-numpy", action="store_true", help="skip the numpy wheel (CPU smoke tests)")
     args = parser.parse_args(argv)
 
     from lab_backends.bundle import find_bundle
 
     bundle = find_bundle()
-    stub = bundle.stub(TARGET_PYTHON)
+    stub_version = tuple(int(x) for x in args.stub_python.split("."))
+    stub = bundle.stub(stub_version)
     if not stub.is_file():
-        raise SystemExit(f"no Python {TARGET_PYTHON} stub at {stub}: the pytriton wheel changed")
+        raise SystemExit(f"no Python {args.stub_python} stub at {stub}: the pytriton wheel changed")
     members: dict[str, Path] = {
         "bin/tritonserver": bundle.binary,
         "backends/python/libtriton_python.so": bundle.python_backend / "libtriton_python.so",
@@ -134,27 +138,30 @@ def main(argv: list[str] | None = None) -> int:
         c_results = prebuild_c_backends(Path(tmp) / "backends")
         for lib in sorted((Path(tmp) / "backends").glob("*/libtriton_*.so")):
             members[f"prebuilt_backends/{lib.parent.name}/{lib.name}"] = lib
-        tar_path = args.out / "triton-bundle.tar.xz"
+        for old in args.out.glob("triton-bundle.tar*"):
+            old.unlink()
+        tar_path = args.out / ("triton-bundle.tar" if args.preset < 0 else "triton-bundle.tar.xz")
         raw = sum(p.stat().st_size for p in members.values())
         print(f"packing {len(members)} files ({raw / 2**20:.1f} MiB) into {tar_path} ...", flush=True)
-        with lzma.open(tar_path, "wb", preset=args.preset) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+        with (open(tar_path, "wb") if args.preset < 0 else lzma.open(tar_path, "wb", preset=args.preset)) as fh, \
+                tarfile.open(fileobj=fh, mode="w") as tar:
             for arcname, path in sorted(members.items()):
                 tar.add(path, arcname=f"triton/{arcname}", recursive=False)
 
-    wheel = download_numpy(args.out / "wheels")
-    files = [tar_path, wheel]
+    wheel = None if args.no_numpy else download_numpy(args.out / "wheels")
+    files = [tar_path] + ([wheel] if wheel else [])
     total = sum(p.stat().st_size for p in files)
     manifest = {
         "triton_bundle": {name: str(path) for name, path in sorted(members.items())},
         "c_backends_prebuilt": c_results,
         "files": {str(p.relative_to(args.out)): {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in files},
-        "stub_python": "%d.%d" % TARGET_PYTHON,
+        "stub_python": args.stub_python,
         "total_mib": round(total / 2**20, 2),
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"bundle: {total / 2**20:.1f} MiB in {args.out} (tar {tar_path.stat().st_size / 2**20:.1f} MiB, "
-          f"{wheel.name} {wheel.stat().st_size / 2**20:.1f} MiB); C backends: {c_results}")
-    if total > BUNDLE_BUDGET_MIB * 2**20:
+          f"{wheel.name if wheel else 'no numpy wheel'}); C backends: {c_results}")
+    if total > BUNDLE_BUDGET_MIB * 2**20 and args.preset >= 0:  # a plain .tar is for local tests only
         print(f"WARNING: over the {BUNDLE_BUDGET_MIB} MiB budget (the carry limit is {CARRY_LIMIT_MIB} MiB "
               "with the working tree)", file=sys.stderr)
         return 1
