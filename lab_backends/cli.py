@@ -6,6 +6,7 @@ Sub-commands:
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   build-models  train/export the digits models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
+  bench         ``bench batching [--quick]``: the batching benchmark -> bench/*.csv, bench/batching.png
 """
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ def _build_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """Benchmarks write files (CSV, PNG) and print their tables; they assert nothing."""
+    from .bench import batching_bench
+
+    signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
+    try:
+        batching_bench(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
+    except (KeyboardInterrupt, _StopRequested):
+        print("bench interrupted; its server was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
 def _lab(args: argparse.Namespace) -> int:
     """JupyterLab on 127.0.0.1 with a fresh token, printed once so the learner can open it."""
     from .ports import free_ports
@@ -143,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="start JupyterLab on notebooks/")
     lab.add_argument("--port", type=int)
     lab.set_defaults(func=_lab)
+
+    bench = sub.add_parser("bench", help="run a benchmark and write its CSV/PNG files")
+    bench.add_argument("name", choices=["batching"], help="which benchmark")
+    bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
+    bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
+    bench.set_defaults(func=_bench)
     return parser
 
 

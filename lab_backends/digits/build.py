@@ -137,10 +137,12 @@ def _copy_if_stale(src: Path, dst: Path) -> bool:
     return True
 
 
-def place_artifacts(artifact_dir: Path = ARTIFACT_DIR) -> list[Path]:
+def place_artifacts(
+    artifact_dir: Path = ARTIFACT_DIR, placements: dict[str, tuple[Path, ...]] | None = None
+) -> list[Path]:
     """Copy built files into the version folders that serve them; returns what was copied."""
     copied = []
-    for name, destinations in PLACEMENTS.items():
+    for name, destinations in (PLACEMENTS if placements is None else placements).items():
         for dst in destinations:
             if _copy_if_stale(artifact_dir / name, dst):
                 copied.append(dst)

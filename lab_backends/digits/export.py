@@ -7,6 +7,7 @@ batch size up to ``max_batch_size``. ONNX tensor names are the interface names (
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -38,18 +39,24 @@ def export_onnx(model: torch.nn.Module, path: Path, opset: int = ONNX_OPSET) -> 
     batch = torch.export.Dim("batch", min=1, max=4096)
 
     def _write(tmp: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model,
-                (torch.zeros(2, INPUT_SIZE),),
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                opset_version=opset,
-                dynamic_shapes=({0: batch},),
-                dynamo=True,
-                verbose=False,
-            )
+        registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+        level = registration.level
+        registration.setLevel(logging.ERROR)  # "torchvision is not installed": irrelevant here
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.onnx.export(
+                    model,
+                    (torch.zeros(2, INPUT_SIZE),),
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    opset_version=opset,
+                    dynamic_shapes=({0: batch},),
+                    dynamo=True,
+                    verbose=False,
+                )
+        finally:
+            registration.setLevel(level)
         program.save(str(tmp))
 
     _atomic_save(path, _write)

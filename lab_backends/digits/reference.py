@@ -6,6 +6,7 @@ load, run them in this process, and implement the postprocessing independently o
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ def torch_logits(pixels: np.ndarray, path: Path = ARTIFACT_DIR / "model.pt") -> 
     """LOGITS from the TorchScript file, computed with PyTorch in this process."""
     import torch
 
-    model = torch.jit.load(str(path)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript: what libtorch serves
+        model = torch.jit.load(str(path)).eval()
     with torch.inference_mode():
         return model(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))).numpy()
 
