@@ -50,14 +50,22 @@ def children(pid: int) -> list[int]:
 
 
 def shm_regions(pids: list[int]) -> set[str]:
-    """Shared-memory region names named on the command lines of these (stub) processes."""
+    """Python-backend shared-memory regions of these processes.
+
+    A stub names its region on its command line; the server holds every region of its stubs open
+    (also the region of a stub that was killed), so its open files are read too.
+    """
     names = set()
     for pid in pids:
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            names.update(a.decode() for a in args if a.startswith(SHM_PREFIX.encode()))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(f"{SHM_DIR}/{SHM_PREFIX}"):
+                    names.add(target.rsplit("/", 1)[1].split(" ")[0])
         except OSError:
             continue
-        names.update(a.decode() for a in args if a.startswith(SHM_PREFIX.encode()))
     return names
 
 

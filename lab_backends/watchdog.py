@@ -23,9 +23,19 @@ SHM_EVERY = 10
 
 
 def watch(owner: int, server: int, grace_s: float) -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the owner stops us when it stops cleanly
+    # The owner stops us (SIGTERM) after it has stopped the server: then every region we saw
+    # belongs to a dead server, including those of stubs killed earlier that Triton never unlinks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the owner, not us
     seen: set[str] = set()
+    try:
+        return _loop(owner, server, grace_s, seen)
+    finally:
+        if not alive(server) and not group_members(server):
+            remove_shm(seen)
+
+
+def _loop(owner: int, server: int, grace_s: float, seen: set[str]) -> int:
     tick = 0
     while True:
         if not alive(server):
@@ -36,7 +46,7 @@ def watch(owner: int, server: int, grace_s: float) -> int:
             remove_shm(seen)
             return 0
         if tick % SHM_EVERY == 0:
-            seen |= shm_regions(children(server))
+            seen |= shm_regions([server, *children(server)])
         tick += 1
         if os.getppid() != owner or not alive(owner):
             stop_group(server, grace_s)

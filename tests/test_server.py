@@ -310,3 +310,18 @@ def test_model_code_runs_in_this_environment(tmp_path, start_server):
     prefix, numpy_version = out.split("|")
     assert os.path.realpath(prefix) == os.path.realpath(sys.prefix)
     assert numpy_version.startswith("1.")
+
+
+def test_killed_stub_leaves_no_shm_after_stop(start_server):
+    """Triton never unlinks the region of a stub killed with SIGKILL; stop() must."""
+    server = start_server(models=["cost_model"])
+    stub = psutil.Process(_tree(server.pid)[1])
+    region = next(a for a in stub.cmdline() if a.startswith("triton_python_backend_shm"))
+    stub.kill()
+    assert _wait_gone([stub.pid], 5) == []  # a zombie until Triton reaps it: dead either way
+    server.unload_model("cost_model")
+    server.load_model("cost_model")  # the recovery path: a new stub, a new region
+    x = _payload(1)
+    np.testing.assert_array_equal(infer(server, "cost_model", {"INPUT0": x})["OUTPUT0"], x)
+    server.stop()
+    assert not (SHM_DIR / region).exists(), "the dead stub's region must be removed"
