@@ -478,7 +478,8 @@ class TritonServer:
 
         ``config`` may be a ``ModelConfig`` protobuf, a dict or a JSON string. Triton *replaces* the
         whole config with it, so derive overrides from :meth:`model_config` rather than writing a
-        partial one.
+        partial one. Without ``config``, a model loaded with an override keeps it unless its files
+        changed on disk: unload it first to go back to ``config.pbtxt``.
         """
         from .repository import ModelConfig, config_json
 
