@@ -89,3 +89,11 @@ class ExerciseError(LabBackendsError):
 
 class ProtocolError(LabBackendsError):
     """The server refused a hand-built KServe v2 request; the message quotes its answer."""
+
+
+class StreamingError(LabBackendsError):
+    """A decoupled model's stream did not end within its time limit, or could not be opened."""
+
+
+class SequenceError(LabBackendsError):
+    """A stateful sequence was driven wrongly (no values, an unknown correlation ID, a bad step)."""

@@ -1,0 +1,70 @@
+"""lab_backends.observability against a real server: response cache, rate limiter, summary latencies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab_backends import load, observability, stats
+from lab_backends.errors import LoadSettingError, StatisticsError
+from lab_backends.server import TritonServer
+
+pytestmark = pytest.mark.server
+
+X = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with TritonServer(models=["cost_model"], cache_size=1 << 20, rate_limit_resources={"R": 1},
+                      metrics_config={"summary_latencies": "true"}, startup_timeout_s=180) as srv:
+        yield srv
+
+
+def test_cache_hits_skip_the_model(server) -> None:
+    observability.enable_cache(server, "cost_model")
+    assert server.model_config("cost_model").response_cache.enable
+    run = observability.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=8)
+    counts = run.counts
+    assert (counts.hits, counts.misses) == (8, 8)
+    assert counts.inferences == 8 and counts.executions == 8  # only the misses reached the model
+    assert counts.hit_ms > 0 and counts.miss_ms > 0
+    repeats = run.requests[run.requests["kind"] == "repeat"]
+    assert all(np.array_equal(o["OUTPUT0"], X) for o in repeats["outputs"])  # the cached answer is right
+    # A miss sleeps >= 10 ms in the model; a hit skips it. Generous margin for a busy machine.
+    assert run.median_ms("repeat") < 0.5 * run.median_ms("new")
+    with pytest.raises(LoadSettingError):
+        observability.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=0)
+
+
+def test_rate_limiter_makes_instances_take_turns(server) -> None:
+    assert observability.server_resources(server) == {"R": 1}
+    results = {}
+    for label, resources in (("free", None), ("limited", {"R": 1})):
+        config = observability.rate_limited(server, "cost_model", instances=2, resources=resources)
+        assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
+        results[label] = load.run_closed(server, "cost_model", concurrency=4, inputs={"INPUT0": X},
+                                         requests=1000, duration_s=2.0, warmup_requests=8)
+    served = server.model_config("cost_model").instance_group[0].rate_limiter.resources
+    assert [(r.name, r.count) for r in served] == [("R", 1)]
+    free, limited = (results[k] for k in ("free", "limited"))
+    assert free.server.avg_batch == limited.server.avg_batch == 1.0
+    # Two instances in parallel vs one at a time: ~2x apart when idle; assert a generous 1.4x.
+    assert limited.summary["throughput_rps"] * 1.4 < free.summary["throughput_rps"], (free.summary, limited.summary)
+    assert limited.server.queue_ms > free.server.queue_ms
+    with pytest.raises(LoadSettingError):
+        observability.rate_limited(server, "cost_model", instances=0)
+
+
+def test_summary_quantiles(server) -> None:
+    result = load.run_closed(server, "cost_model", concurrency=2, inputs={"INPUT0": X}, requests=40,
+                             duration_s=2.0, warmup_requests=2)
+    text = stats.scrape_metrics(server)
+    quantiles = observability.summary_quantiles(text, "cost_model")
+    assert list(quantiles.index) == [0.5, 0.9, 0.95, 0.99, 0.999]
+    assert (quantiles > 0).all() and quantiles.is_monotonic_increasing
+    assert quantiles[0.5] <= result.summary["p99_ms"]  # the server's time is inside the client's
+    table = observability.summary_table(text, "cost_model")
+    assert list(table.columns) == ["request", "queue", "compute_infer"]
+    with pytest.raises(StatisticsError, match="summary_latencies"):
+        observability.summary_quantiles(text, "no_such_model")

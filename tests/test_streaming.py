@@ -1,0 +1,125 @@
+"""lab_backends.streaming and lab_backends.sequences against a real server (stream_topk, running_mean)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lab_backends import exercises, sequences, streaming
+from lab_backends.digits.reference import softmax
+from lab_backends.errors import ExerciseError, SequenceError, StreamingError
+from lab_backends.server import TritonServer
+
+pytestmark = pytest.mark.server
+
+LOGITS = np.array([0.3, 2.0, -1.0, 0.0, 4.0, 1.5, 0.1, 3.0, -2.0, 0.5], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with TritonServer(models=["stream_topk", "running_mean"], startup_timeout_s=180) as srv:
+        yield srv
+
+
+def _expected(k: int) -> tuple[list[str], np.ndarray]:
+    probs = softmax(LOGITS.reshape(1, -1).astype(np.float64))[0]
+    order = np.argsort(-probs, kind="stable")[:k]
+    return [str(d) for d in order], probs[order]
+
+
+def test_grpc_and_sse_deliver_the_same_sequence(server) -> None:
+    grpc_events = streaming.grpc_stream(server, "stream_topk", {"LOGITS": LOGITS, "K": np.array([4], np.int32)})
+    status, sse_events = streaming.sse_stream(server, "stream_topk", {"LOGITS": LOGITS.tolist(), "K": 4})
+    assert status == 200
+    labels, probs = _expected(4)
+    for events in (grpc_events, sse_events):
+        data = streaming.data_events(events)
+        assert [d["LABEL"] for d in data] == labels
+        np.testing.assert_allclose([d["PROB"] for d in data], probs, rtol=1e-6)
+        assert [d["STEP"] for d in data] == [0, 1, 2, 3]
+        assert events[-1].final and not any(e.final for e in events[:-1])
+        assert events[-1].t_s - events[0].t_s > 0.02  # streamed: four steps 20 ms apart, not one reply
+    assert len(grpc_events) == 5 and not grpc_events[-1].has_data  # gRPC: an empty final response
+    assert streaming.same_sequence(grpc_events, sse_events)
+    # ... and the comparison can fail: one probability changed, or a response missing.
+    altered = [dataclasses.replace(e, outputs=dict(e.outputs)) for e in sse_events]
+    altered[1].outputs["PROB"] *= 1.01
+    assert not streaming.same_sequence(grpc_events, altered)
+    assert not streaming.same_sequence(grpc_events, sse_events[:-1])
+    assert list(streaming.as_frame(sse_events).columns[:4]) == ["t_ms", "LABEL", "PROB", "STEP"]
+
+
+def test_errors_arrive_as_events_and_timeouts_are_clear(server) -> None:
+    events = streaming.grpc_stream(server, "stream_topk", {"LOGITS": LOGITS, "K": np.array([11], np.int32)})
+    assert events[-1].final and "K must be between 1 and 10, got 11" in events[-1].error
+    status, events = streaming.sse_stream(server, "stream_topk", {"LOGITS": LOGITS.tolist(), "K": 0})
+    assert "K must be between 1 and 10, got 0" in events[0].error
+    status, events = streaming.sse_stream(server, "stream_topk", {"LOGITS": LOGITS.tolist()[:3]})
+    assert status == 400 and events[0].error
+    with pytest.raises(StreamingError, match="no final one within"):
+        streaming.grpc_stream(server, "stream_topk", {"LOGITS": LOGITS, "K": np.array([10], np.int32)}, timeout_s=0.05)
+
+
+def test_interleaved_sequences_keep_their_own_means(server) -> None:
+    frame = sequences.drive_interleaved(server, {11: [1, 2, 3, 4], 22: [10, 20, 30], 33: [5, 5, 5, 5, 100]})
+    assert len(frame) == 12
+    np.testing.assert_allclose(frame["mean"], frame["expected"], rtol=1e-6)
+    assert frame.groupby("corrid")["count"].max().to_dict() == {11: 4, 22: 3, 33: 5}
+    assert list(frame["corrid"][:6]) == [11, 22, 33, 11, 22, 33]  # advanced in turn
+    assert not any(sequences.is_live(server, c) for c in (11, 22, 33))
+    sequences.step(server, 44, 1.0, start=True)
+    assert sequences.is_live(server, 44)  # ... and the probe ended it
+    assert not sequences.is_live(server, 44)
+
+
+def test_concurrent_sequences_share_batches(server) -> None:
+    run = sequences.drive_concurrent(server, {c: [float(c * i) for i in range(8)] for c in range(101, 109)})
+    assert run.correct and len(run.requests) == 64
+    assert run.server.requests == 64 and run.server.executions < 64
+    assert max(run.server.batch_hist) > 1
+
+
+def test_bad_sequences_are_refused_clearly(server) -> None:
+    with pytest.raises(SequenceError, match="no sequences"):
+        sequences.drive_interleaved(server, {})
+    with pytest.raises(SequenceError, match="positive integers"):
+        sequences.drive_interleaved(server, {0: [1.0]})
+    with pytest.raises(SequenceError, match="no values"):
+        sequences.drive_interleaved(server, {5: []})
+
+
+def test_exercise_accepts_the_solution_and_rejects_wrong_answers(server) -> None:
+    assert exercises.check("interleaved_sequences", exercises.load_solution("interleaved_sequences"), server,
+                           quiet=True)
+    solution = exercises.load_solution("interleaved_sequences")
+
+    def never_ends(srv, seqs):
+        means = {}
+        for corrid, values in seqs.items():
+            for i, v in enumerate(values):
+                means[corrid] = sequences.step(srv, corrid, v, start=i == 0, end=False)[0]
+        return means
+
+    def one_request_each(srv, seqs):
+        from lab_backends.client import infer
+
+        return {c: float(infer(srv, "running_mean", {"VALUE": np.array(v, np.float32).reshape(-1, 1)},
+                               sequence_id=c, sequence_start=True, sequence_end=True)["MEAN"][-1, 0])
+                for c, v in seqs.items()}
+
+    with pytest.raises(ExerciseError, match="still open"):
+        exercises.check("interleaved_sequences", never_ends, server, quiet=True)
+    def starts_twice(srv, seqs):
+        for corrid, values in seqs.items():
+            sequences.step(srv, corrid, values[0], start=True)  # a false start, reset by the next START
+        return solution(srv, seqs)
+
+    with pytest.raises(ExerciseError, match="raised InferenceServerException.*batch-size 1"):
+        exercises.check("interleaved_sequences", one_request_each, server, quiet=True)
+    with pytest.raises(ExerciseError, match="received 16 requests, expected 13"):
+        exercises.check("interleaved_sequences", starts_twice, server, quiet=True)
+    with pytest.raises(ExerciseError, match="mean"):
+        exercises.check("interleaved_sequences", lambda s, q: {c: m + 1 for c, m in solution(s, q).items()},
+                        server, quiet=True)
