@@ -23,6 +23,14 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest tests
+	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=60 notebooks
 
 clean-build:
 	rm -rf build
+
+# The batching benchmark (not a test): bench/batching.csv, bench/loadgen.csv, bench/batching.png.
+# wrk (Debian package) is the reference HTTP load generator; installed here when missing.
+# BENCH_ARGS=--quick for the short version (under 3 minutes).
+bench: setup
+	@command -v wrk >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y wrk || { apt-get update && apt-get install -y wrk; }; else sudo apt-get install -y wrk; fi; }
+	$(VENV)/bin/lab-backends bench batching $(BENCH_ARGS)

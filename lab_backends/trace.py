@@ -119,20 +119,26 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
-def load(path: str | Path, expect: int = 0, timeout_s: float = 10.0) -> "TraceLog":
-    """Parse the trace at ``path``; wait up to ``timeout_s`` until ``expect`` top-level requests are complete.
+def load(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
+         request_ids: Iterable[str] = ()) -> "TraceLog":
+    """Parse the trace at ``path``, waiting up to ``timeout_s`` until it is complete enough.
 
-    Waiting matters with ``trace_log_frequency=1``: Triton writes a request's part file only once the
-    response has been sent, a moment after the client already has its answer.
+    "Complete enough" means at least ``expect`` top-level requests have ended, and every one of
+    ``request_ids`` is there and has ended. Waiting matters with ``trace_log_frequency=1``: Triton
+    writes a request's part file only once its response has been sent, a moment after the client
+    already has the answer.
     """
+    wanted = set(request_ids)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             log = TraceLog.from_records(read_records(path))
-            complete = log.requests[(log.requests["depth"] == 0) & log.requests["end_ns"].notna()]
-            if len(complete) >= expect:
+            top = log.requests[(log.requests["depth"] == 0) & log.requests["end_ns"].notna()]
+            missing = wanted - set(top["request_id"].dropna())
+            if len(top) >= expect and not missing:
                 return log
-            problem = f"only {len(complete)} of {expect} requests are complete in {path}"
+            problem = (f"only {len(top)} of {expect} requests are complete in {path}" if len(top) < expect
+                       else f"requests {sorted(missing)[:10]} are not (yet) complete in {path}")
         except TraceError as exc:
             problem = str(exc)
         if time.monotonic() > deadline:
@@ -177,7 +183,16 @@ def _spans(names: dict[str, int], protocol: str | None, has_children: bool) -> l
 
 @dataclass
 class TraceLog:
-    """A parsed trace: ``requests`` (one row per traced request), ``stages`` (tidy), ``stamps`` (raw)."""
+    """A parsed trace.
+
+    * ``requests``: one row per traced request (children included, ``depth`` > 0), with
+      ``<stage>_ms`` columns, ``protocol`` (``http``/``grpc`` for what a front end received,
+      empty for children), ``parent_id`` and the ids of its ``children``;
+    * ``stages``: one row per stage, tidy (``trace_id, root_id, stage, start_ns, end_ns,
+      duration_ms``); its ``protocol`` is the one of the root request, so a whole ensemble can be
+      filtered by the front end that received it;
+    * ``stamps``: the raw timestamps, one per row.
+    """
 
     requests: pd.DataFrame
     stages: pd.DataFrame
@@ -223,9 +238,9 @@ class TraceLog:
             protocol = protocols[tid]
             spans = _spans(names, protocol, bool(children.get(tid)))
             durations = {stage: (end - start) / 1e6 for stage, start, end in spans}
-            starts = [names[n] for n in names if n != "GRPC_WAITREAD_START"]
-            start = min((s for _, s, _ in spans), default=min(starts, default=None))
-            start = min(start, names["REQUEST_START"]) if start is not None and "REQUEST_START" in names else start
+            # The request starts at its first stage (or REQUEST_START); never at GRPC_WAITREAD_START.
+            candidates = [s for _, s, _ in spans] + ([names["REQUEST_START"]] if "REQUEST_START" in names else [])
+            start = min(candidates, default=None)
             ends = [names[n] for n in ("REQUEST_END", "HTTP_SEND_END", "GRPC_SEND_END") if n in names]
             end = max(ends) if ends else None
             request_rows.append({
@@ -288,6 +303,20 @@ class TraceLog:
             ids.update(frontier)
         return self.stages[self.stages["trace_id"].isin(ids)]
 
+    def select(self, request_ids: Iterable[str]) -> "TraceLog":
+        """A TraceLog with only these top-level requests and their descendants (children, BLS calls)."""
+        wanted = set(request_ids)
+        roots = self.requests.loc[(self.requests["depth"] == 0) & self.requests["request_id"].isin(wanted), "trace_id"]
+        keep: set[int] = set()
+        for root in roots:
+            keep.update(int(t) for t in self.family(int(root))["trace_id"].unique())
+            keep.add(int(root))
+        return TraceLog(
+            self.requests[self.requests["trace_id"].isin(keep)].reset_index(drop=True),
+            self.stages[self.stages["trace_id"].isin(keep)].reset_index(drop=True),
+            self.stamps[self.stamps["trace_id"].isin(keep)].reset_index(drop=True),
+        )
+
     def summary(self) -> pd.DataFrame:
         """Mean milliseconds per stage, per model (like the statistics API, but from the trace)."""
         cols = [f"{s}_ms" for s in STAGES] + ["total_ms"]
@@ -295,14 +324,35 @@ class TraceLog:
 
 
 # ---------------------------------------------------------------------------------------- runtime settings
+def trace_path(server: Any) -> Path:
+    """Where this process can read ``server``'s trace file, or a :class:`TraceError` saying how to get one.
+
+    A local server writes the file given at startup (``trace_file=``); a remote one writes where
+    it was told, and ``TRITON_TRACE_FILE`` says where the lab sees it (docker-compose shares
+    ``/traces`` between the two containers).
+    """
+    path = getattr(server, "trace_file", None)
+    if path is None:
+        raise TraceError(
+            "this server has no trace file: start it with TritonServer(..., trace_file=path), or, for a "
+            "remote server at TRITON_URL, set TRITON_TRACE_FILE to where this machine sees its trace file"
+        )
+    return Path(path)
+
+
 def _trace_url(server: Any, model: str = "") -> str:
     base = f"http://{server.http_url}/v2"
     return f"{base}/models/{model}/trace/setting" if model else f"{base}/trace/setting"
 
 
-def trace_settings(server: Any, model: str = "") -> dict:
-    """The trace settings the server uses now (global, or for one model). Restricted: sends the admin key."""
-    request = urllib.request.Request(_trace_url(server, model), headers=server.admin_headers)
+def trace_settings(server: Any, model: str = "", use_key: bool = True) -> dict:
+    """The trace settings the server uses now (global, or for one model).
+
+    The trace API is restricted in this workbench, so the admin key is sent; ``use_key=False``
+    shows what a client without it gets (a :class:`TraceError` quoting HTTP 403).
+    """
+    headers = server.admin_headers if use_key else {}
+    request = urllib.request.Request(_trace_url(server, model), headers=headers)
     return _send(request)
 
 
@@ -328,3 +378,41 @@ def _send(request: urllib.request.Request) -> dict:
         detail = exc.read().decode(errors="replace")
         hint = " (the trace API is restricted: pass the server's admin key)" if exc.code == 403 else ""
         raise TraceError(f"trace settings request failed with HTTP {exc.code}: {detail}{hint}") from exc
+
+
+# ---------------------------------------------------------------------------------------- experiments
+def send_burst(server: Any, model: str, inputs: dict, n: int, prefix: str = "burst",
+               timeout_s: float = 60.0, head_start_ms: float = 0.0) -> list[str]:
+    """Send ``n`` gRPC requests at once (``request_id`` = ``<prefix>-<i>``) and wait for all answers.
+
+    Why: a single instance can run one batch at a time, so requests that arrive together must wait
+    in the scheduler's queue: exactly what a trace should show. With ``head_start_ms`` the first
+    request goes alone and the others follow that much later, so that the first one is already
+    running when they arrive (whatever else the machine is doing). Returns the request ids.
+    """
+    import threading
+
+    from .client import make_inputs
+
+    if not 1 <= n <= 1000:
+        raise TraceError(f"a burst of {n} requests is out of range: use 1..1000")
+    done = threading.Semaphore(0)
+    errors: list[str] = []
+
+    def finished(result: Any, error: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+        done.release()
+
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    for i, rid in enumerate(ids):
+        server.grpc_client.async_infer(model, make_inputs(inputs), finished, request_id=rid)
+        if i == 0 and head_start_ms > 0:
+            time.sleep(head_start_ms / 1000.0)
+    deadline = time.monotonic() + timeout_s
+    for _ in ids:
+        if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TraceError(f"the burst to {model!r} did not complete within {timeout_s:.0f} s")
+    if errors:
+        raise TraceError(f"{len(errors)} of {n} requests to {model!r} failed, e.g.: {errors[0]}")
+    return ids
