@@ -68,6 +68,11 @@ class Recovery:
     @property
     def message(self) -> str:
         """The explanation shown to the learner."""
+        if not self.dead_instances and not self.trigger:
+            return (
+                f"lab_backends: model '{self.model}' was reloaded (unload + load) in {self.seconds:.1f} s; "
+                "all of its stub processes were alive, so nothing had crashed."
+            )
         dead = ", ".join(self.dead_instances) or "an instance"
         seen = f" (request failed with: {self.trigger})" if self.trigger else ""
         pids = ", ".join(f"{name} pid {pid}" for name, pid in sorted(self.new_stubs.items()))
@@ -124,7 +129,9 @@ def mapped_shm_regions(server: Any) -> set[str]:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return set()
-    return {m.group(0) for m in re.finditer(re.escape(SHM_PREFIX) + r"[\w-]+", maps)}
+    pattern = re.compile(re.escape(SHM_PREFIX) + r"[\w-]+")
+    # A region whose file was already removed shows as "... (deleted)": nothing left to clean.
+    return {m.group(0) for line in maps.splitlines() if not line.endswith("(deleted)") for m in pattern.finditer(line)}
 
 
 def orphan_shm_regions(server: Any) -> set[str]:
@@ -197,6 +204,11 @@ def model_of_instance(server: Any, instance: str) -> str:
         pass
     match = _INSTANCE_SUFFIX.match(instance)
     return match.group("model") if match else instance
+
+
+# ---------------------------------------------------------------------------- preflight
+# The check lives with the other model-folder knowledge; TritonServer runs it before every start.
+from .repository import missing_model_file, preflight  # noqa: E402,F401  (re-exported)
 
 
 # ---------------------------------------------------------------------------- recovery

@@ -68,3 +68,51 @@ def config_problem(model_dir: Path) -> str | None:
     except OSError as exc:
         return f"cannot read {model_dir / 'config.pbtxt'}: {exc}"
     return None
+
+
+def missing_model_file(model_dir: Path) -> str | None:
+    """Why a Python model folder cannot load for lack of its code, or ``None`` if it can.
+
+    Measured on 2.51: a Python model whose ``<version>/model.py`` is missing does not fail; its
+    stub exits ("Failed to preinitialize Python stub: Python model file not found") and the load
+    stays LOADING forever, so the server never becomes ready. Checking the files first turns a
+    silent hang into an error that names the missing file.
+    """
+    try:
+        config = read_config(model_dir)
+    except ModelConfigError:
+        return None  # a config that does not parse is Triton's to report, with its own reason
+    if config.backend != "python":
+        return None
+    filename = config.default_model_filename or "model.py"
+    versions = sorted((p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    if not versions:
+        return f"{model_dir} has no numeric version folder (e.g. {model_dir / '1' / filename})"
+    policy = config.version_policy.WhichOneof("policy_choice")
+    if policy == "all":
+        served = versions
+    elif policy == "specific":
+        wanted_numbers = set(config.version_policy.specific.versions)
+        served = [v for v in versions if int(v.name) in wanted_numbers]
+    else:  # the default: the latest one (or latest N)
+        served = versions[-max(config.version_policy.latest.num_versions, 1):]
+    missing = [v / filename for v in served if not (v / filename).is_file()]
+    if missing:
+        return (
+            f"Python model file not found: {', '.join(map(str, missing))}. Triton 2.51 would wait for "
+            f"this model forever (it stays LOADING); add {filename} there or remove the model folder"
+        )
+    return None
+
+
+def preflight(repositories: Iterable[str | Path], models: Iterable[str] | None = None) -> dict[str, str]:
+    """``{model: reason}`` for models that would hang Triton's load instead of failing it."""
+    found = model_dirs(Path(r) for r in repositories)
+    wanted = list(models) if models is not None else sorted(found)
+    problems = {}
+    for name in wanted:
+        if name in found:
+            reason = missing_model_file(found[name])
+            if reason:
+                problems[name] = reason
+    return problems

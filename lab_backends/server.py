@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,7 +42,7 @@ from .options import ServerOptions
 from .paths import BACKEND_DIR, MODEL_REPOSITORY, RUNS_DIR
 from .ports import LOCALHOST, free_ports, port_is_free
 from .processes import stop_group
-from .repository import config_problem, model_dirs
+from .repository import config_problem, model_dirs, preflight
 
 TARGETS = ("local", "remote", "docker")
 _BIND_FAILURE = re.compile(r"(?i)(address already in use|failed to (start|bind)|Socket '.*' already in use)")
@@ -126,6 +127,7 @@ class TritonServer:
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.host = LOCALHOST
         self.broken_models: dict[str, str] = {}
+        self._preflight: dict[str, str] = {}
         self.process: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
         self._container = None
@@ -303,10 +305,17 @@ class TritonServer:
 
             self.run_dir = Path(tempfile.mkdtemp(prefix="triton-", dir=RUNS_DIR))
         env = _bundle.server_environment(bundle)
+        # Models that would hang Triton's load (no model.py: it stays LOADING forever) are left
+        # out of --load-model and reported as broken, instead of costing the whole deadline.
+        self._preflight = preflight(self.options.model_repositories, self.options.models)
+        options = self.options
+        if self._preflight:
+            wanted = self.options.models or sorted(model_dirs(self.options.model_repositories))
+            options = replace(self.options, models=[m for m in wanted if m not in self._preflight])
         deadline = time.monotonic() + self.startup_timeout_s
         for attempt in range(_PORT_RETRIES):
             self._pick_ports()
-            args = self.options.args(
+            args = options.args(
                 self.http_port, self.grpc_port, self.metrics_port, backend_dir, cache_dir=bundle.caches
             )
             log = open(self.log_path, "ab")
@@ -437,7 +446,9 @@ class TritonServer:
             entry = index.get(name)
             if entry and entry.get("state") == "READY":
                 continue
-            if name not in on_disk and entry is None:
+            if name in self._preflight:
+                reason = self._preflight[name]
+            elif name not in on_disk and entry is None:
                 reason = (
                     f"there is no folder '{name}' with a config.pbtxt in "
                     f"{', '.join(map(str, self.options.model_repositories))}; models there: {', '.join(sorted(on_disk))}"

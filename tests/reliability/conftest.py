@@ -39,10 +39,20 @@ def known_good(server: TritonServer, protocol: str = "grpc") -> None:
     np.testing.assert_array_equal(out, 2 * x)
 
 
-@pytest.fixture(scope="module")
+#: Everything the shared server serves: the reference, the misbehaving models and cost_model.
+SHARED_MODELS = ["rel_double", "rel_raise", "rel_wrong_count", "rel_crash", "cost_model"]
+
+
+@pytest.fixture(scope="package")
 def rel_server():
-    """One server per test module with the well-behaved and the misbehaving test models."""
-    with TritonServer(REPOSITORIES, models=["rel_double", "rel_raise", "rel_wrong_count"]) as server:
+    """One server for this package's tests (a start costs ~5-10 s on a busy machine).
+
+    Package scope: it stops after the last reliability test, not at the end of ``make test``.
+
+    Tests that hurt it (kill stubs, reload models) leave it healthy again, and tests that count
+    (statistics) work with differences, so the order of tests does not matter.
+    """
+    with TritonServer(REPOSITORIES, models=SHARED_MODELS) as server:
         yield server
 
 

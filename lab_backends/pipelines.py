@@ -1,0 +1,224 @@
+"""Notebook 06's toolkit: one digits pipeline, three ways to run it, compared.
+
+preprocess -> framework model -> postprocess can run
+
+* as an **ensemble** (``digits_ensemble``): a config that wires tensors between steps; Triton's
+  ensemble scheduler moves them and no user code runs between the steps;
+* as **BLS** (``digits_bls``): a Python ``model.py`` that calls the three models itself, so it can
+  decide at run time (here: torch or onnx, from the request parameter ``framework``);
+* **from the client**: three round trips, every intermediate tensor crossing the network twice.
+
+:func:`answers` runs all of them on the same images, :func:`latencies` times them interleaved
+(so a noisy neighbour hurts all alike), and :func:`ensemble_steps` / :func:`bls_source` show *how*
+each is controlled.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from .errors import LabBackendsError
+from .paths import MODEL_REPOSITORY
+
+#: The three steps, as the ensemble and the BLS model call them (onnx by default).
+STEPS = ("digits_preprocess", "digits_onnx", "digits_postprocess")
+FRAMEWORKS = {"onnx": "digits_onnx", "torch": "digits_torch"}
+#: Everything notebook 06 loads.
+MODELS = ("digits_preprocess", "digits_onnx", "digits_torch", "digits_postprocess", "digits_ensemble", "digits_bls")
+#: The ways to run the pipeline that :func:`run` knows.
+WAYS = ("ensemble", "bls:onnx", "bls:torch", "client:onnx", "client:torch")
+
+
+# ------------------------------------------------------------------------------- control, shown
+def ensemble_steps(config: Any) -> pd.DataFrame:
+    """The ensemble's steps as a table: which model, and which tensors flow in and out.
+
+    The whole "program" of an ensemble is this table: a fixed graph, decided at load time.
+    """
+    if not config.HasField("ensemble_scheduling"):
+        raise LabBackendsError(f"{config.name!r} is not an ensemble (platform {config.platform or config.backend!r})")
+    rows = []
+    for i, step in enumerate(config.ensemble_scheduling.step):
+        rows.append({
+            "step": i,
+            "model": step.model_name,
+            "inputs": ", ".join(f"{k} <- {v}" for k, v in sorted(step.input_map.items())),
+            "outputs": ", ".join(f"{k} -> {v}" for k, v in sorted(step.output_map.items())),
+        })
+    return pd.DataFrame(rows).set_index("step")
+
+
+def bls_source(function: str = "_pipeline", path: Path | None = None) -> str:
+    """The source of one function of ``digits_bls``'s ``model.py``: the BLS model's control flow."""
+    path = path or MODEL_REPOSITORY / "digits_bls" / "1" / "model.py"
+    text = path.read_text()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            return ast.get_source_segment(text, node) or ""
+    raise LabBackendsError(f"{path} has no function {function!r}")
+
+
+# ------------------------------------------------------------------------------- the same answer
+def client_pipeline(server: Any, images: np.ndarray, framework: str = "onnx", protocol: str = "grpc",
+                    request_id: str = "") -> dict[str, np.ndarray]:
+    """The pipeline done by the client: three requests, tensors back and forth between them."""
+    from .client import infer
+
+    if framework not in FRAMEWORKS:
+        raise LabBackendsError(f"framework must be one of {sorted(FRAMEWORKS)}, not {framework!r}")
+    pixels = infer(server, "digits_preprocess", {"IMAGE": images}, protocol=protocol, request_id=request_id)["PIXELS"]
+    logits = infer(server, FRAMEWORKS[framework], {"PIXELS": pixels}, protocol=protocol, request_id=request_id)["LOGITS"]
+    return infer(server, "digits_postprocess", {"LOGITS": logits}, protocol=protocol, request_id=request_id)
+
+
+def run(server: Any, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = "") -> dict[str, np.ndarray]:
+    """LABELS and PROBS for ``images``, computed one of the :data:`WAYS`."""
+    from .client import infer
+
+    kind, _, framework = way.partition(":")
+    if way == "ensemble":
+        return infer(server, "digits_ensemble", {"IMAGE": images}, protocol=protocol, request_id=request_id)
+    if kind == "bls" and framework in FRAMEWORKS:
+        return infer(server, "digits_bls", {"IMAGE": images}, protocol=protocol, request_id=request_id,
+                     parameters={"framework": framework})
+    if kind == "client" and framework in FRAMEWORKS:
+        return client_pipeline(server, images, framework, protocol, request_id)
+    raise LabBackendsError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
+
+
+def answers(server: Any, images: np.ndarray, ways: Iterable[str] = WAYS) -> dict[str, dict[str, np.ndarray]]:
+    return {way: run(server, way, images) for way in ways}
+
+
+def same_answer(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], atol: float = 1e-5) -> bool:
+    """Same top-3 labels, and probabilities equal within ``atol``."""
+    return bool(np.array_equal(a["LABELS"], b["LABELS"]) and np.allclose(a["PROBS"], b["PROBS"], atol=atol))
+
+
+# ------------------------------------------------------------------------------- overhead
+def latencies(server: Any, images: np.ndarray, ways: Iterable[str] = WAYS, repeats: int = 50,
+              warmup: int = 3) -> pd.DataFrame:
+    """One row per request: way, repeat, latency_ms. Ways are interleaved, one request at a time.
+
+    One request in flight isolates the cost of the *path* (hops, copies, scheduling) from
+    queueing; interleaving spreads the machine's noise evenly over the ways.
+    """
+    ways = list(ways)
+    for way in ways:
+        for _ in range(warmup):
+            run(server, way, images)
+    rows = []
+    for i in range(repeats):
+        for way in ways:
+            start = time.perf_counter()
+            run(server, way, images)
+            rows.append({"way": way, "repeat": i, "latency_ms": (time.perf_counter() - start) * 1000.0})
+    return pd.DataFrame(rows)
+
+
+def latency_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median, p90 and mean latency per way, fastest first."""
+    grouped = frame.groupby("way")["latency_ms"]
+    table = pd.DataFrame({"p50_ms": grouped.median(), "p90_ms": grouped.quantile(0.9), "mean_ms": grouped.mean(),
+                          "requests": grouped.size()})
+    return table.sort_values("p50_ms")
+
+
+def family_breakdown(log: Any, request_id: str, model: str) -> dict[str, float]:
+    """From a trace: the parent's total, the sum of its children's, and what is left (the glue)."""
+    parent = log.request(request_id, model=model)
+    children = log.children(int(parent["trace_id"]))
+    inside = float(children["total_ms"].sum())
+    return {"parent_ms": float(parent["total_ms"]), "children_ms": inside,
+            "glue_ms": float(parent["total_ms"]) - inside, "children": int(len(children))}
+
+
+# ------------------------------------------------------------------------------- the exercise
+LEARNER_ENSEMBLE = "my_ensemble_c"
+EXERCISE_ROWS = 24
+
+
+def _count(server: Any, model: str) -> int:
+    return sum(int(s.get("inference_count", 0)) for s in server.statistics(model).get("model_stats", []))
+
+
+def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
+    """Checker of exercise ``ensemble_with_c_preprocess`` (registered in :mod:`lab_backends.exercises`).
+
+    ``answer(config)`` gets a copy of ``digits_ensemble``'s config and returns the config (a
+    ``ModelConfig`` or ``config.pbtxt`` text) of an ensemble named ``my_ensemble_c`` that runs
+    ``digits_preprocess_c`` instead of ``digits_preprocess``. It is served from a scratch
+    repository by a server of the checker's own (a broken ensemble cannot hurt the learner's),
+    must answer like ``digits_ensemble``, and the statistics must show the C model did the work.
+    """
+    import tempfile
+
+    from .client import infer
+    from .digits.data import load_split
+    from .errors import ExerciseError, ModelConfigError
+    from .repository import ModelConfig, config_text, parse_config, read_config
+    from .server import TritonServer
+
+    given = read_config(MODEL_REPOSITORY / "digits_ensemble")
+    config = answer(given)
+    if isinstance(config, str):
+        try:
+            config = parse_config(config, "your config")
+        except ModelConfigError as exc:
+            raise ExerciseError(str(exc)) from exc
+    if not isinstance(config, ModelConfig):
+        raise ExerciseError(f"return a ModelConfig (or config.pbtxt text), not {type(config).__name__}")
+    if config.name != LEARNER_ENSEMBLE:
+        raise ExerciseError(f"name the ensemble {LEARNER_ENSEMBLE!r} (it is {config.name!r}): two models cannot share a name")
+    steps = [s.model_name for s in config.ensemble_scheduling.step]
+    if "digits_preprocess_c" not in steps or "digits_preprocess" in steps:
+        raise ExerciseError(f"the steps call {steps}: replace digits_preprocess by digits_preprocess_c")
+    images = load_split().test_images[:EXERCISE_ROWS]
+    needed = ["digits_preprocess", "digits_preprocess_c", "digits_onnx", "digits_postprocess", "digits_ensemble"]
+    with tempfile.TemporaryDirectory(prefix="exercise-ensemble-") as tmp:
+        folder = Path(tmp) / LEARNER_ENSEMBLE
+        (folder / "1").mkdir(parents=True)  # an ensemble has no files, but a version folder must exist
+        (folder / "config.pbtxt").write_text(config_text(config))
+        with TritonServer(model_repository=[MODEL_REPOSITORY, Path(tmp)], models=needed, target="local") as own:
+            try:
+                own.load_model(LEARNER_ENSEMBLE)
+            except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
+                raise ExerciseError(f"the server refused to load your ensemble: {str(exc)[:500]}") from exc
+            before = {m: _count(own, m) for m in ("digits_preprocess", "digits_preprocess_c")}
+            try:
+                mine = infer(own, LEARNER_ENSEMBLE, {"IMAGE": images})
+            except Exception as exc:  # noqa: BLE001
+                raise ExerciseError(f"your ensemble loaded but a request failed: {str(exc)[:500]}") from exc
+            moved = {m: _count(own, m) - n for m, n in before.items()}
+            reference = infer(own, "digits_ensemble", {"IMAGE": images})
+    missing = {"LABELS", "PROBS"} - set(mine)
+    if missing:
+        raise ExerciseError(f"the ensemble's outputs lack {sorted(missing)}: map the last step's outputs to them")
+    if not same_answer(mine, reference):
+        raise ExerciseError("your ensemble answers differently from digits_ensemble on the same images")
+    if moved["digits_preprocess_c"] != len(images) or moved["digits_preprocess"] != 0:
+        raise ExerciseError(f"rows preprocessed per model during your request: {moved}; expected all "
+                            f"{len(images)} in digits_preprocess_c")
+    return (f"{LEARNER_ENSEMBLE} ran {' -> '.join(steps)}: the C backend preprocessed all {len(images)} images "
+            "and the answers equal digits_ensemble's.")
+
+
+def plot_latencies(frame: pd.DataFrame, ax: Any = None, title: str = "One digit, one request in flight") -> Any:
+    """Latency distribution per way (box plot, fastest median first)."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    order = latency_summary(frame).index.tolist()
+    ax.boxplot([frame.loc[frame["way"] == w, "latency_ms"] for w in order], vert=False, showfliers=False)
+    ax.set_yticks(range(1, len(order) + 1), order)
+    ax.set_xlabel("latency (ms)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x")
+    return ax

@@ -1,0 +1,109 @@
+"""lab_backends.frameworks against a real server: the two wrapped frameworks agree, loads and
+thread timings produce sane rows, a CPU server is reported as GPU-less, and the notebook-05
+exercise accepts its solution and rejects wrong answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab_backends import exercises, frameworks
+from lab_backends.digits import reference
+from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.server import TritonServer
+
+MODELS = list(frameworks.WRAPPED.values())
+
+
+@pytest.fixture(scope="module")
+def server():
+    with TritonServer(models=MODELS, target="local") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def data():
+    return frameworks.held_out()
+
+
+@pytest.mark.server
+def test_wrapped_frameworks_agree_on_every_held_out_image(server, data) -> None:
+    images, labels, pixels = data
+    logits = {m: frameworks.served_logits(server, m, pixels) for m in MODELS}
+    cmp = frameworks.agreement(logits["digits_torch"], logits["digits_onnx"], labels)
+    assert cmp["rows"] == len(images) > 64  # more than one request each
+    assert cmp["max_abs_diff"] < 1e-5 and cmp["same_labels"], cmp
+    assert cmp["accuracy_a"] > 0.9
+    np.testing.assert_allclose(logits["digits_onnx"], reference.onnx_logits(pixels), atol=1e-6)
+    table = frameworks.compare_table(logits, "digits_torch", labels)
+    assert table.loc["digits_torch", "max_abs_diff_vs_digits_torch"] == 0.0
+
+
+@pytest.mark.server
+def test_a_chunk_over_max_batch_size_is_refused(server, data) -> None:
+    with pytest.raises(Exception, match="batch"):
+        frameworks.served_logits(server, "digits_onnx", data[2][:65], max_batch=65)
+    with pytest.raises(LabBackendsError, match="not a digits framework model"):
+        frameworks.served_logits(server, "cost_model", data[2][:1])
+
+
+@pytest.mark.server
+def test_side_by_side_rows(server) -> None:
+    frame = frameworks.side_by_side(server, MODELS, concurrencies=(2,), duration_s=0.5, requests=60, warmup_requests=4)
+    assert frame["config"].tolist() == MODELS
+    assert (frame["errors"] == 0).all() and (frame["ok"] > 0).all()
+    assert (frame["server_requests"] == frame["ok"]).all()  # the server's window covers the same requests
+
+
+@pytest.mark.server
+def test_cpu_server_is_reported_without_gpu(server) -> None:
+    status = frameworks.gpu_status(server)
+    assert not status.has_gpu and not status.can_compare and status.native_ready == []
+    assert "NO GPU" in status.message() and "SKIPPING" in status.message()
+    kinds = frameworks.instance_kinds(server, MODELS)
+    assert set(kinds["instances"]) == {"KIND_CPU x1"} and set(kinds["backend"]) == {"python"}
+
+
+def test_thread_timings_same_answer_any_thread_count() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    frame = frameworks.thread_timings(threads=(1, 2), batches=(1, 8), repeats=3)
+    assert len(frame) == 8 and (frame["us_per_call"] > 0).all()
+    assert frame["max_abs_diff_vs_first"].max() < 1e-5
+    assert torch.get_num_threads() == before
+    pins = frameworks.pinning_lines()
+    assert any("set_num_threads(1)" in ln for ln in pins["digits_torch"])
+    assert any("intra_op_num_threads = 1" in ln for ln in pins["digits_onnx"])
+
+
+@pytest.mark.server
+def test_framework_agreement_exercise(server) -> None:
+    result = exercises.check("framework_agreement", exercises.load_solution("framework_agreement"), server, quiet=True)
+    assert result.passed and "150" in result.message
+
+    def unchunked(srv, model, images):
+        from lab_backends.client import infer
+        return infer(srv, model, {"PIXELS": images.reshape(len(images), 64).astype(np.float32) / 8 - 1})["LOGITS"]
+
+    def local(srv, model, images):
+        pixels = images.reshape(len(images), 64).astype(np.float32) / 8 - 1
+        return reference.torch_logits(pixels) if model == "digits_torch" else reference.onnx_logits(pixels)
+
+    def unnormalized(srv, model, images):
+        return frameworks.served_logits(srv, model, images.reshape(len(images), 64).astype(np.float32))
+
+    with pytest.raises(ExerciseError, match="raised"):
+        exercises.check("framework_agreement", unchunked, server, quiet=True)
+    with pytest.raises(ExerciseError, match="server computed 0 rows"):
+        exercises.check("framework_agreement", local, server, quiet=True)
+    with pytest.raises(ExerciseError, match="differs"):
+        exercises.check("framework_agreement", unnormalized, server, quiet=True)
+
+
+def test_gpu_status_messages_say_what_is_skipped() -> None:
+    no_native = frameworks.GpuStatus(True, ["1 GPU(s) in nv_gpu_* metrics"], [], {"digits_onnx_gpu": "UNAVAILABLE"})
+    assert not no_native.can_compare and "SKIPPING" in no_native.message() and "digits_onnx_gpu" in no_native.message()
+    ready = frameworks.GpuStatus(True, ["KIND_GPU models ready: digits_torch_gpu"], ["digits_torch_gpu"])
+    assert ready.can_compare and "comparing digits_torch_gpu" in ready.message()
+    assert frameworks.served("digits_torch_gpu").input == "PIXELS__0"
