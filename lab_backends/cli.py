@@ -106,8 +106,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the CLI dies, even by SIGKILL (Linux prctl)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _lab(args: argparse.Namespace) -> int:
-    """JupyterLab on 127.0.0.1 with a fresh token, printed once so the learner can open it."""
+    """JupyterLab on 127.0.0.1 with a fresh token, printed once so the learner can open it.
+
+    The token travels in ``JUPYTER_TOKEN`` (not on the command line, where ``ps`` shows it).
+    SIGTERM and Ctrl-C stop JupyterLab (which shuts its kernels down; their servers' watchdogs
+    then stop the Tritons), and JupyterLab also dies if this process is killed.
+    """
     from .ports import free_ports
 
     token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
@@ -116,18 +129,23 @@ def _lab(args: argparse.Namespace) -> int:
         sys.executable, "-m", "jupyterlab",
         "--ip=127.0.0.1", f"--port={port}", "--no-browser",
         f"--ServerApp.root_dir={PROJECT_ROOT / 'notebooks'}",
-        f"--IdentityProvider.token={token}",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
+    env = {**os.environ, "JUPYTER_TOKEN": token}
     print(f"JupyterLab: http://127.0.0.1:{port}/lab?token={token}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT / "notebooks")
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT / "notebooks", env=env, preexec_fn=_die_with_parent)
+    signal.signal(signal.SIGTERM, _raise_stop)
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)  # Jupyter asks for confirmation on the first one
-        return proc.wait()
+    except (KeyboardInterrupt, _StopRequested):
+        proc.terminate()  # JupyterLab shuts down cleanly on SIGTERM, kernels included
+        try:
+            proc.wait(timeout=30)
+            return 0  # a requested stop is a clean exit, whatever code JupyterLab chose
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:
