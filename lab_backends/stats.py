@@ -253,3 +253,28 @@ def metrics_delta(before: str | Metrics, after: str | Metrics, model: str | None
         elif kind == "gauge":
             out[name] = out.get(name, 0.0) + value
     return out
+
+
+def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None) -> "Any":
+    """Prometheus pages sampled during a window -> a DataFrame, one row per sample.
+
+    Columns: ``t_s`` (seconds into the window), every counter as its increase since the first
+    sample, every gauge as sampled, and three rates derived between consecutive samples:
+    ``throughput_rps``, ``avg_batch`` and ``queue_ms`` (average queue time per request).
+    """
+    import pandas as pd
+
+    if not samples:
+        return pd.DataFrame(columns=["t_s"])
+    first = parse_metrics(samples[0][1])
+    rows = [{"t_s": t, **metrics_delta(first, parse_metrics(text), model)} for t, text in samples]
+    frame = pd.DataFrame(rows)
+    dt = frame["t_s"].diff()
+    if "nv_inference_request_success" in frame:
+        done = frame["nv_inference_request_success"].diff()
+        frame["throughput_rps"] = done / dt
+        if "nv_inference_queue_duration_us" in frame:
+            frame["queue_ms"] = frame["nv_inference_queue_duration_us"].diff() / done / 1000.0
+    if "nv_inference_count" in frame and "nv_inference_exec_count" in frame:
+        frame["avg_batch"] = frame["nv_inference_count"].diff() / frame["nv_inference_exec_count"].diff()
+    return frame

@@ -1,0 +1,270 @@
+"""``lab-backends bench batching``: the batching benchmark and the load-generator check, in one run.
+
+Writes three files (default folder ``bench/``):
+
+* ``batching.csv``: ``model,protocol,batching,concurrency,requests,throughput_rps,p50_ms,p90_ms,p99_ms,avg_batch``
+  for ``cost_model`` (and ``digits_torch`` once built) without and with dynamic batching, at
+  concurrency 1, 4 and 16 over gRPC;
+* ``loadgen.csv``: ``tool,model,concurrency,throughput_rps``: our HTTP load generator next to
+  ``wrk`` (Debian package) on the same model, config and concurrency, back to back, plus our gRPC
+  generator and the stock ``tritonclient.grpc.aio`` client for comparison; once on the bench's
+  dynamic ``cost_model``, once with its cost set to zero (so the clients' own cost shows);
+* ``batching.png``: throughput, latency and batch sizes per model.
+
+This is a benchmark, not a test: it asserts nothing, it prints the targets next to what it measured.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from .errors import LoadSettingError
+from .load import example_inputs, http_request_bytes, run_closed
+from .paths import MODEL_REPOSITORY, PROJECT_ROOT
+from .sweep import NO_BATCHING, apply_config, sweep
+
+BATCHING_COLUMNS = ["model", "protocol", "batching", "concurrency", "requests", "throughput_rps",
+                    "p50_ms", "p90_ms", "p99_ms", "avg_batch"]
+LOADGEN_COLUMNS = ["tool", "model", "concurrency", "throughput_rps"]
+CONCURRENCY = (1, 4, 16)
+
+#: The dynamic batcher used for each model (derived from the live config; the rest is kept).
+#: cost_model: with one instance and 16 clients, no delay splits the clients into two groups that
+#: alternate (a half batch runs while the other half waits), and a delay alone makes every batch
+#: wait it out; a preferred size equal to the clients in flight, with a delay longer than one
+#: execution, lets the group that just returned join the waiting one, so full batches run.
+#: digits_torch computes in well under a millisecond: any delay costs more than it saves, so its
+#: batcher takes whatever is queued when the instance frees up (measured best of 0, 1, 2 and 5 ms).
+DYNAMIC: dict[str, dict[str, Any]] = {
+    "cost_model": {"dynamic_batching": {"preferred_batch_size": [16], "max_queue_delay_microseconds": 20000}},
+    "digits_torch": {"dynamic_batching": {}},
+}
+DEFAULT_DYNAMIC: dict[str, Any] = {"dynamic_batching": {}}
+
+
+def cost_model_ceiling(concurrency: float, fixed_ms: float = 10.0, per_item_ms: float = 0.2) -> float:
+    """Requests/s when every execution is one full batch of ``concurrency`` back to back."""
+    return concurrency / ((fixed_ms + concurrency * per_item_ms) / 1000.0)
+
+
+def available_models(log: Callable[[str], None] = print) -> list[str]:
+    """``cost_model`` always; ``digits_torch`` when its trained weights were built."""
+    models = ["cost_model"]
+    torch_dir = MODEL_REPOSITORY / "digits_torch"
+    if torch_dir.is_dir():
+        version = torch_dir / "1"
+        if version.is_dir() and any(p.name != "model.py" and p.is_file() for p in version.iterdir()):
+            models.append("digits_torch")
+        else:
+            log(f"digits_torch skipped: no trained weights in {version}; run `lab-backends build-models` first")
+    else:
+        log("digits_torch skipped: model_repository/digits_torch does not exist in this checkout")
+    return models
+
+
+# ------------------------------------------------------------------------------------------ wrk
+
+
+def run_wrk(server: Any, model: str, inputs: dict, concurrency: int, duration_s: float, threads: int = 1) -> float:
+    """Requests/s that ``wrk`` reaches with the same binary-tensor request as our HTTP generator."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise LoadSettingError("wrk is not installed; `apt-get install -y wrk` (the Makefile's bench target does it)")
+    message = http_request_bytes(server.http_url, model, inputs)
+    head, body = message.split(b"\r\n\r\n", 1)
+    header_len = re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1).decode()
+    with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
+        body_file = Path(tmp) / "body.bin"
+        body_file.write_bytes(body)
+        script = Path(tmp) / "infer.lua"
+        script.write_text(
+            'wrk.method = "POST"\n'
+            f'wrk.path = "/v2/models/{model}/infer"\n'
+            'wrk.headers["Content-Type"] = "application/octet-stream"\n'
+            f'wrk.headers["Inference-Header-Content-Length"] = "{header_len}"\n'
+            f'local f = assert(io.open("{body_file}", "rb"))\n'
+            "wrk.body = f:read(\"*all\")\n"
+            "f:close()\n"
+        )
+        cmd = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--timeout", "30s",
+               "-s", str(script), f"http://{server.http_url}"]
+        subprocess.run(cmd[:4] + ["-d1s"] + cmd[5:], capture_output=True, text=True, timeout=60)  # warm-up
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60)
+    out = done.stdout + done.stderr
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if done.returncode != 0 or bad:
+        raise LoadSettingError(f"wrk failed (exit {done.returncode}):\n{out}")
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not match:
+        raise LoadSettingError(f"could not read Requests/sec from wrk's output:\n{out}")
+    return float(match.group(1))
+
+
+# ------------------------------------------------------------------------------------ the bench
+
+#: Tools compared in loadgen.csv: (name, protocol for run_closed, or None for wrk).
+LOADGENS = (
+    ("lab_backends.load http", "http"),
+    ("wrk", None),
+    ("lab_backends.load grpc", "grpc"),
+    ("tritonclient.grpc.aio", "grpc-tritonclient"),
+)
+#: cost_model with no cost at all: then only the client and the server's per-request work remain.
+FREE = {"parameters": {"fixed_ms": {"string_value": "0"}, "per_item_ms": {"string_value": "0"}}}
+
+
+def compare_loadgens(
+    server: Any, model: str, override: Any, seconds: float, log: Callable[[str], None] = print, concurrency: int = 16
+) -> list[dict[str, Any]]:
+    """Each tool for ``seconds`` on the same config, back to back: the bench's dynamic config, then
+    the same with zero model cost (where the client's own cost shows most)."""
+    base = server.model_config(model)
+    rows = []
+    try:
+        for label, extra in ((model, None), (f"{model}(fixed_ms=0,per_item_ms=0)", FREE)):
+            config = apply_config(server, model, override, base)
+            if extra is not None:
+                apply_config(server, model, extra, config)
+            inputs = example_inputs(server.model_config(model))
+            log(f"load generators on {label}, {concurrency} in flight, {seconds:.0f} s each...")
+            for tool, protocol in LOADGENS:
+                row = {"tool": tool, "model": label, "concurrency": concurrency, "client_cpu_us": float("nan")}
+                if protocol is None:
+                    try:
+                        row["throughput_rps"] = run_wrk(server, model, inputs, concurrency, seconds)
+                    except LoadSettingError as exc:
+                        log(f"wrk row skipped: {exc}")
+                        continue
+                else:
+                    result = run_closed(server, model, concurrency, protocol=protocol, inputs=inputs,
+                                        requests=10**6, duration_s=seconds, server_stats=False)
+                    if result.summary["errors"]:
+                        log(f"{tool}: {result.summary['errors']} errors, first: {result.summary['first_error']}")
+                    row["throughput_rps"] = result.summary["throughput_rps"]
+                    row["client_cpu_us"] = result.summary["client_cpu_us_per_request"]
+                rows.append(row)
+    finally:
+        server.load_model(model, config=base)
+    return rows
+
+
+
+def _batching_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.rename(columns={"config": "batching"})
+    return out[BATCHING_COLUMNS]
+
+
+def batching_bench(
+    out_dir: Path | str = PROJECT_ROOT / "bench",
+    quick: bool = False,
+    models: list[str] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    loadgen_s: float | None = None,
+) -> dict[str, Any]:
+    """Run everything and write the three files; returns the two frames and the paths.
+
+    Each point is bounded by ``requests`` and ``duration_s`` (defaults: 1500 / 10 s, ``quick``:
+    300 / 3 s); each load generator runs ``loadgen_s`` (10 s, ``quick``: 3 s).
+    """
+    from .server import TritonServer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = models or available_models(log)
+    requests = requests or (300 if quick else 1500)
+    duration = duration_s or (3.0 if quick else 10.0)
+    loadgen_s = loadgen_s or (3.0 if quick else 10.0)
+    started = time.monotonic()
+    batching, loadgen = [], []
+    with TritonServer(models=models, allow_broken_models=True, startup_timeout_s=300) as server:
+        for name, reason in server.broken_models.items():
+            log(f"{name} skipped: it failed to load: {reason}")
+        served = [m for m in models if m not in server.broken_models]
+        for model in served:
+            configs = {"none": NO_BATCHING, "dynamic": DYNAMIC.get(model, DEFAULT_DYNAMIC)}
+            frame = sweep(server, model, CONCURRENCY, configs, protocol="grpc", requests=requests,
+                          duration_s=duration, progress=progress, restore=False)
+            frame["model"] = model
+            batching.append(_batching_rows(frame))
+            if model != "cost_model":
+                continue
+            loadgen += compare_loadgens(server, model, configs["dynamic"], loadgen_s, log)
+    batching_frame = pd.concat(batching, ignore_index=True) if batching else pd.DataFrame(columns=BATCHING_COLUMNS)
+    loadgen_frame = pd.DataFrame(loadgen)
+    paths = {
+        "batching": out_dir / "batching.csv",
+        "loadgen": out_dir / "loadgen.csv",
+        "figure": out_dir / "batching.png",
+    }
+    batching_frame.round(3).to_csv(paths["batching"], index=False)
+    loadgen_frame.reindex(columns=LOADGEN_COLUMNS).round(1).to_csv(paths["loadgen"], index=False)
+    figure(batching_frame).savefig(paths["figure"], dpi=100)
+    log(report(batching_frame, loadgen_frame))
+    log(f"wrote {', '.join(str(p) for p in paths.values())} in {time.monotonic() - started:.0f} s")
+    return {"batching": batching_frame, "loadgen": loadgen_frame, "paths": paths}
+
+
+def figure(frame: pd.DataFrame) -> Any:
+    """One row per model: throughput and p50/p99 vs concurrency, without and with batching."""
+    from matplotlib.figure import Figure
+
+    from . import plots
+
+    models = list(dict.fromkeys(frame["model"])) or ["(none)"]
+    fig = Figure(figsize=(12, 4 * len(models)))
+    axes = fig.subplots(len(models), 3, squeeze=False)
+    for row, model in zip(axes, models):
+        part = frame[frame["model"] == model]
+        ceiling = cost_model_ceiling if model == "cost_model" else None
+        plots.throughput_vs_concurrency(part, row[0], by="batching", ceiling=ceiling)
+        plots.latency_vs_concurrency(part, row[1], percentiles=(50, 99), by="batching")
+        plots.latency_throughput(part, row[2], by="batching")
+        for ax in row:
+            ax.set_title(f"{model}: {ax.get_title()}")
+    fig.tight_layout()
+    return fig
+
+
+def report(batching: pd.DataFrame, loadgen: pd.DataFrame) -> str:
+    """Markdown tables plus the issue's targets, computed from the rows."""
+    lines = ["| model | batching | c | req/s | p50 ms | p90 ms | p99 ms | avg batch |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in batching.iterrows():
+        lines.append(f"| {r.model} | {r.batching} | {r.concurrency} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | "
+                     f"{r.p90_ms:.1f} | {r.p99_ms:.1f} | {r.avg_batch:.1f} |")
+    lines += ["", "| tool | model | c | req/s | client CPU µs/request |", "|---|---|---|---|---|"]
+    for _, r in loadgen.iterrows():
+        cpu = "" if pd.isna(r.get("client_cpu_us")) else f"{r.client_cpu_us:.0f}"
+        lines.append(f"| {r.tool} | {r.model} | {r.concurrency} | {r.throughput_rps:.0f} | {cpu} |")
+    lines.append("")
+
+    def at(model: str, batching_kind: str, c: int = 16) -> pd.Series | None:
+        hit = batching[(batching.model == model) & (batching.batching == batching_kind) & (batching.concurrency == c)]
+        return hit.iloc[0] if len(hit) else None
+
+    dyn = at("cost_model", "dynamic")
+    if dyn is not None:
+        lines.append(f"- cost_model c=16 dynamic: {dyn.throughput_rps / cost_model_ceiling(16):.2f} of the "
+                     f"{cost_model_ceiling(16):.0f} req/s ceiling (target >= 0.8)")
+    for model, target in (("cost_model", 5), ("digits_torch", 2)):
+        d, n = at(model, "dynamic"), at(model, "none")
+        if d is not None and n is not None:
+            lines.append(f"- {model} c=16: dynamic/none throughput {d.throughput_rps / n.throughput_rps:.1f}x "
+                         f"(target >= {target}x), p50 {d.p50_ms:.1f} vs {n.p50_ms:.1f} ms")
+    for model in dict.fromkeys(loadgen.get("model", [])):
+        part = loadgen[loadgen.model == model]
+        tools = dict(zip(part.tool, part.throughput_rps))
+        if "wrk" in tools and "lab_backends.load http" in tools:
+            lines.append(f"- {model}: our HTTP generator / wrk = {tools['lab_backends.load http'] / tools['wrk']:.2f} "
+                         "(target >= 0.9)")
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""A widget panel to feel dynamic batching: change the batcher, press Run, see what changed.
+
+``BatchingPanel(server, "cost_model")`` shows sliders for ``max_queue_delay``, preferred batch
+sizes, the instance count and the client's concurrency. **Run** reloads the live model with those
+settings (derived from its current config: an override replaces the whole config), runs a short
+closed-loop load bounded by count and time, and redraws one figure in place: every run so far on
+the latency-throughput plane, plus the last run's batch sizes, server stages and timeline.
+
+A bad setting or a config Triton refuses ends as a short red message in the panel, not a traceback;
+the full text stays in :attr:`BatchingPanel.error`.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from typing import Any
+
+import pandas as pd
+
+from . import plots
+from .errors import LabBackendsError, LoadSettingError, ModelLoadError
+from .load import LoadResult, run_closed
+from .sweep import apply_config
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``"4, 8 16"`` -> ``[4, 8, 16]``; a clear :class:`LoadSettingError` for anything else.
+
+    Sizes above the model's ``max_batch_size`` are left for Triton to refuse: its own message says so.
+    """
+    sizes = []
+    for token in text.replace(",", " ").split():
+        try:
+            size = int(token)
+        except ValueError:
+            raise LoadSettingError(
+                f"preferred batch sizes must be whole numbers separated by commas, e.g. '4, 8, 16'; "
+                f"'{token}' is not one"
+            ) from None
+        if size < 1:
+            raise LoadSettingError(f"a preferred batch size must be at least 1, not {size}")
+        sizes.append(size)
+    return sorted(set(sizes))
+
+
+def _short(exc: BaseException | str) -> str:
+    """The readable part of an error: Triton's own message, without client boilerplate."""
+    text = str(exc).strip()
+    text = text.replace("[StatusCode.INVALID_ARGUMENT]", "").replace("[StatusCode.INTERNAL]", "").strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return " ".join(lines[:3])[:600]
+
+
+class BatchingPanel:
+    """Sliders, a Run button, a status line and a figure redrawn in place."""
+
+    def __init__(
+        self,
+        server: Any,
+        model: str = "cost_model",
+        *,
+        protocol: str = "grpc",
+        requests: int = 300,
+        duration_s: float = 4.0,
+        concurrency: int = 16,
+    ) -> None:
+        import ipywidgets as w
+
+        self.server, self.model, self.protocol = server, model, protocol
+        self.requests, self.duration_s = requests, duration_s
+        self.base = server.model_config(model)
+        batching = self.base.dynamic_batching if self.base.HasField("dynamic_batching") else None
+        style = {"description_width": "170px"}
+        layout = w.Layout(width="480px")
+        self.dynamic = w.Checkbox(value=batching is not None, description="dynamic batching", style=style)
+        self.max_queue_delay = w.IntSlider(
+            value=batching.max_queue_delay_microseconds if batching else 0, min=0, max=50_000, step=500,
+            description="max_queue_delay (µs)", style=style, layout=layout,
+        )
+        self.preferred = w.Text(
+            value=", ".join(map(str, batching.preferred_batch_size)) if batching else "",
+            placeholder="e.g. 4, 8, 16 (empty: none)", description="preferred batch sizes", style=style, layout=layout,
+        )
+        count = self.base.instance_group[0].count if self.base.instance_group else 1
+        self.instances = w.IntSlider(value=max(count, 1), min=1, max=4, description="instances", style=style, layout=layout)
+        self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
+                                       style=style, layout=layout)
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        self.status = w.HTML(value="Set the batcher, then press <b>Run</b>.")
+        self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
+        self.run_button.on_click(lambda _button: self.run())
+        self.widget = w.VBox([
+            w.HBox([w.VBox([self.dynamic, self.max_queue_delay, self.preferred]),
+                    w.VBox([self.instances, self.concurrency, self.run_button])]),
+            self.status,
+            self.image,
+        ])
+        self.runs: list[dict[str, Any]] = []
+        self.last: LoadResult | None = None
+        self.error: str = ""
+        self._figure = None
+
+    # The panel displays as its widget in a notebook cell.
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per successful Run: the settings and what was measured."""
+        return pd.DataFrame(self.runs)
+
+    def override(self) -> dict[str, Any]:
+        """The config override for the current settings (checked before anything is reloaded)."""
+        override: dict[str, Any] = {
+            "instance_group": [{"kind": "KIND_CPU", "count": int(self.instances.value)}],
+        }
+        if self.dynamic.value:
+            batching: dict[str, Any] = {"max_queue_delay_microseconds": int(self.max_queue_delay.value)}
+            sizes = parse_batch_sizes(self.preferred.value)
+            if sizes:
+                batching["preferred_batch_size"] = sizes
+            override["dynamic_batching"] = batching
+        else:
+            override["dynamic_batching"] = None
+        return override
+
+    def label(self) -> str:
+        if not self.dynamic.value:
+            return f"no batching, {self.instances.value} inst"
+        pref = f", pref {self.preferred.value}" if self.preferred.value.strip() else ""
+        return f"delay {self.max_queue_delay.value} µs{pref}, {self.instances.value} inst"
+
+    def _set_status(self, text: str, error: bool = False) -> None:
+        colour = "#b00020" if error else "#1b5e20"
+        self.status.value = f"<span style='color:{colour}'>{html.escape(text)}</span>"
+
+    def run(self) -> dict[str, Any] | None:
+        """Reconfigure, load, redraw. Returns the new history row, or ``None`` after an error."""
+        from tritonclient.utils import InferenceServerException
+
+        self.error = ""
+        self.run_button.disabled = True
+        try:
+            override = self.override()
+            self._set_status(f"reloading {self.model} ({self.label()})...")
+            apply_config(self.server, self.model, override, self.base)
+            self._set_status(f"running {self.concurrency.value} in flight...")
+            result = run_closed(
+                self.server, self.model, int(self.concurrency.value), protocol=self.protocol,
+                requests=self.requests, duration_s=self.duration_s,
+            )
+        except (LabBackendsError, InferenceServerException, OSError) as exc:
+            self.error = str(exc)
+            refused = isinstance(exc, (InferenceServerException, ModelLoadError))
+            prefix = "Triton refused this setting: " if refused else ""
+            self._set_status(f"{prefix}{_short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
+            return None
+        finally:
+            self.run_button.disabled = False
+        self.last = result
+        row = {"run": len(self.runs) + 1, "config": self.label(), **result.row()}
+        self.runs.append(row)
+        summary = result.summary
+        message = (
+            f"{self.label()} @ c={self.concurrency.value}: {summary['throughput_rps']:.0f} req/s, "
+            f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms, "
+            f"average batch {row.get('avg_batch', float('nan')):.1f}"
+        )
+        if summary["errors"]:
+            message += f"; {summary['errors']} errors, first: {summary['first_error'][:200]}"
+        self._set_status(message, error=bool(summary["errors"]))
+        self.redraw()
+        return row
+
+    def redraw(self) -> None:
+        """Draw every run so far and the last run's details into the panel's image."""
+        from matplotlib.figure import Figure
+
+        if self._figure is None:
+            self._figure = Figure(figsize=(11, 7))
+        fig = self._figure
+        fig.clear()
+        axes = fig.subplots(2, 2)
+        history = self.history
+        if len(history):
+            frame = history.assign(config=history["run"].astype(str) + ": " + history["config"])
+            for i, (_, row) in enumerate(frame.iterrows()):
+                axes[0, 0].scatter(row["throughput_rps"], row["p50_ms"], color=f"C{i % 10}",
+                                   label=f"{row['config']} c={row['concurrency']}")
+            axes[0, 0].set_xlabel("throughput (requests/s)")
+            axes[0, 0].set_ylabel("p50 latency (ms)")
+            axes[0, 0].set_title("Every run: latency vs throughput")
+            axes[0, 0].legend(fontsize="x-small")
+            axes[0, 0].grid(alpha=0.3)
+            plots.server_breakdown(frame.tail(6), axes[0, 1])
+        if self.last is not None:
+            plots.batch_histogram(self.last.server, axes[1, 0], label="last run")
+            plots.over_time(self.last, axes[1, 1])
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=80)
+        self.image.value = buffer.getvalue()
