@@ -494,11 +494,21 @@ class TritonServer:
         """
         from .repository import ModelConfig, config_json
 
+        from tritonclient.utils import InferenceServerException
+
         if isinstance(config, ModelConfig):
             config = config_json(config)
         elif isinstance(config, dict):
             config = json.dumps(config)
-        self.http_client.load_model(name, headers=self.admin_headers, config=config, files=files)
+        log_before = len(self.log_text())
+        try:
+            self.http_client.load_model(name, headers=self.admin_headers, config=config, files=files)
+        except InferenceServerException as exc:
+            # The API answers e.g. "failed to poll from model repository"; the log says why.
+            new_lines = self.log_text()[log_before:].splitlines()
+            hits = [ln for ln in new_lines if f"'{name}'" in ln and ("fail" in ln.lower() or "error" in ln.lower())]
+            reason = re.sub(r'^[IEW]\d{4} [\d:.]+ \d+ [\w.]+:\d+\] "?', "", hits[-1]).rstrip('"') if hits else ""
+            raise ModelLoadError(name, reason or exc.message() or str(exc)) from exc
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.http_client.unload_model(name, headers=self.admin_headers, unload_dependents=unload_dependents)

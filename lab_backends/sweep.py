@@ -85,27 +85,13 @@ def apply_config(server: Any, model: str, override: Override, base: ModelConfig 
     base = base if base is not None else server.model_config(model)
     config = derive_config(base, override)
     try:
-        server.load_model(model, config=config)
-    except Exception as exc:  # tritonclient's InferenceServerException, whose text says little
-        reason = _load_failure_reason(server, model) or str(exc)
+        server.load_model(model, config=config)  # a refusal raises ModelLoadError quoting Triton's log
+    except ModelLoadError as exc:
         raise ModelLoadError(
-            model, reason,
+            model, exc.reason,
             hint="change the setting; the model keeps serving its previous config until a load succeeds",
         ) from exc
     return config
-
-
-def _load_failure_reason(server: Any, model: str) -> str:
-    """Triton's load API answers "failed to poll from model repository"; its log says why."""
-    log_text = getattr(server, "log_text", None)
-    if log_text is None:
-        return ""
-    marker = f"'{model}'"
-    for line in reversed(log_text().splitlines()[-200:]):
-        if marker in line and ("failed" in line.lower() or "error" in line.lower()):
-            text = line.split("] ", 1)[-1].strip().strip('"')
-            return text.split(f"{marker}: ", 1)[-1]  # drop "Poll failed for model directory 'm': "
-    return ""
 
 
 def sweep(

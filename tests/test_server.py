@@ -325,3 +325,17 @@ def test_killed_stub_leaves_no_shm_after_stop(start_server):
     np.testing.assert_array_equal(infer(server, "cost_model", {"INPUT0": x})["OUTPUT0"], x)
     server.stop()
     assert not (SHM_DIR / region).exists(), "the dead stub's region must be removed"
+
+
+def test_refused_load_quotes_tritons_reason(start_server):
+    """The load API only says 'failed to poll'; the error must carry the reason from the log."""
+    server = start_server(models=["cost_model"])
+    config = server.model_config("cost_model")
+    config.max_batch_size = 4
+    config.dynamic_batching.preferred_batch_size.append(16)  # larger than max_batch_size: refused
+    with pytest.raises(ModelLoadError) as info:
+        server.load_model("cost_model", config=config)
+    assert info.value.model == "cost_model"
+    assert "preferred size must be <= max batch size" in str(info.value), str(info.value)
+    x = _payload(1)
+    np.testing.assert_array_equal(infer(server, "cost_model", {"INPUT0": x})["OUTPUT0"], x)
