@@ -508,28 +508,6 @@ def _check(name: str, value: float, minimum: float) -> None:
         raise LoadSettingError(f"{name} must be >= {minimum}, not {value!r}")
 
 
-def _settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
-    """A statistics snapshot once the counters stop moving.
-
-    Triton updates a request's statistics when it releases the request, which can be a moment
-    *after* the client has its response; a snapshot taken right away would push the last warm-up
-    request into the measured window. Nothing is in flight here, so two equal snapshots in a row
-    mean the counters have settled.
-    """
-    def key(payload: dict) -> tuple[int, ...]:
-        t = _stats.totals(payload, model)
-        return t.success[0], t.fail[0], t.executions, t.inferences
-
-    payload = _stats.fetch_statistics(server, model)
-    for _ in range(attempts):
-        time.sleep(0.005)
-        again = _stats.fetch_statistics(server, model)
-        if key(again) == key(payload):
-            return again
-        payload = again
-    return payload
-
-
 async def _sample_metrics(
     server: Any, every_s: float | None, origin: float, stop: asyncio.Event, out: list[tuple[float, str]]
 ) -> None:
@@ -578,7 +556,7 @@ def _run(
     timeline: list[tuple[float, str]] = []
 
     def snapshot() -> tuple[dict | None, str | None]:
-        payload = _settled_statistics(server, model) if server_stats else None
+        payload = _stats.settled_statistics(server, model) if server_stats else None
         return payload, (_stats.scrape_metrics(server) if metrics else None)
 
     async def main() -> tuple[list[Record], list[Record], float, float, float, tuple, tuple]:

@@ -34,26 +34,6 @@ from .errors import LoadSettingError, StatisticsError
 # ---------------------------------------------------------------------------------- statistics
 
 
-def settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
-    """A statistics payload once its counters stop moving.
-
-    Triton counts a request when it releases it, a moment after the client has the answer: a
-    snapshot taken right after the last response may miss it (measured: one request off).
-    """
-    def key(payload: dict) -> tuple[int, int]:
-        t = _stats.totals(payload, model)
-        return t.success[0], t.executions
-
-    payload = _stats.fetch_statistics(server, model)
-    for _ in range(attempts):
-        time.sleep(0.01)
-        again = _stats.fetch_statistics(server, model)
-        if key(again) == key(payload):
-            return again
-        payload = again
-    return payload
-
-
 # ---------------------------------------------------------------------------------------- cache
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 from . import stats as _stats
 from .client import infer
 from .errors import SequenceError
-from .observability import settled_statistics
+from .stats import settled_statistics
 
 MODEL = "running_mean"
 

@@ -11,6 +11,8 @@ dicts or text, so the arithmetic is unit-tested on payloads recorded from a real
 
 from __future__ import annotations
 
+import time
+
 import json
 import re
 import urllib.error
@@ -278,3 +280,25 @@ def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None)
     if "nv_inference_count" in frame and "nv_inference_exec_count" in frame:
         frame["avg_batch"] = frame["nv_inference_count"].diff() / frame["nv_inference_exec_count"].diff()
     return frame
+
+
+def settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
+    """A statistics snapshot once the counters stop moving.
+
+    Triton updates a request's statistics when it releases the request, which can be a moment
+    *after* the client has its response; a snapshot taken right away would push the last warm-up
+    request into the measured window. Nothing is in flight here, so two equal snapshots in a row
+    mean the counters have settled.
+    """
+    def key(payload: dict) -> tuple[int, ...]:
+        t = totals(payload, model)
+        return t.success[0], t.fail[0], t.executions, t.inferences
+
+    payload = fetch_statistics(server, model)
+    for _ in range(attempts):
+        time.sleep(0.005)
+        again = fetch_statistics(server, model)
+        if key(again) == key(payload):
+            return again
+        payload = again
+    return payload

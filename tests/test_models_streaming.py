@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
 import time
 import urllib.error
 import urllib.request

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends.errors import ModelLoadError, ServerStartupTimeoutError
+from lab_backends.errors import ModelLoadError
 from lab_backends.health import preflight
 from lab_backends.processes import SHM_DIR, SHM_PREFIX, remove_shm
 from lab_backends.repository import config_text, read_config
