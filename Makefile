@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup lab test bench clean-build
+.PHONY: setup lab test bench clean-build browser-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,28 @@ setup: $(STAMP)
 lab: setup
 	$(VENV)/bin/lab-backends lab
 
-test: setup
+# Debian's Chromium for tests/browser (Playwright drives /usr/bin/chromium; never `playwright install`).
+# Never fails the build: when it cannot install, it says why and records the reason, and the browser
+# test skips with that reason. APT_GET / CHROMIUM_BIN are variables only to test this recipe.
+APT_GET        ?= apt-get
+CHROMIUM_BIN   ?= /usr/bin/chromium
+BROWSER_ARTIFACTS := test-artifacts/browser
+browser-deps:
+	@mkdir -p $(BROWSER_ARTIFACTS); rm -f $(BROWSER_ARTIFACTS)/chromium-missing.txt
+	@reason() { echo "browser-deps: $$1" | tee $(BROWSER_ARTIFACTS)/chromium-missing.txt; }; \
+	if [ -x $(CHROMIUM_BIN) ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else reason "$(CHROMIUM_BIN) is missing, and installing chromium needs root or password-less sudo"; exit 0; fi; \
+	if ! command -v $(APT_GET) >/dev/null 2>&1; then reason "$(CHROMIUM_BIN) is missing and there is no apt-get (not Debian/Ubuntu)"; exit 0; fi; \
+	echo "browser-deps: installing Debian's chromium (about 40 s), log in $(BROWSER_ARTIFACTS)/apt-chromium.log"; \
+	log=$(BROWSER_ARTIFACTS)/apt-chromium.log; export DEBIAN_FRONTEND=noninteractive; \
+	$$SUDO $(APT_GET) install -y --no-install-recommends chromium >$$log 2>&1 \
+	|| { $$SUDO $(APT_GET) update >>$$log 2>&1 && $$SUDO $(APT_GET) install -y --no-install-recommends chromium >>$$log 2>&1; } \
+	|| { reason "apt-get could not install chromium (see $$log): $$(tail -n 3 $$log | tr '\n' ' ')"; exit 0; }; \
+	[ -x $(CHROMIUM_BIN) ] || reason "chromium was installed but $(CHROMIUM_BIN) is still missing"
+
+test: setup browser-deps
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=60 notebooks
 
