@@ -82,3 +82,11 @@ def test_longest_queue_rejects_the_shortest(server) -> None:
 
     with pytest.raises(ExerciseError, match="queued longest"):
         exercises.check("longest_queue", shortest, server, quiet=True)
+
+
+@pytest.mark.server
+def test_tune_the_batcher_rejects_a_delay_that_breaks_the_p99_bound(server) -> None:
+    """A 200 ms queue delay batches plenty but blows the p99 bound: the checker must say so."""
+    too_patient = {"dynamic_batching": {"max_queue_delay_microseconds": 200000}}
+    with pytest.raises(ExerciseError):
+        exercises.check("tune_the_batcher", too_patient, server, quiet=True)
