@@ -39,3 +39,19 @@ def test_readme_names_the_two_commands():
     assert "make lab" in readme and "make test" in readme
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+
+
+def test_ensemble_version_folders_are_tracked():
+    """git drops empty folders; an ensemble whose '1/' is missing in a clone fails to load."""
+    import subprocess
+
+    from lab_backends.repository import model_dirs, read_config
+
+    for repo in ("model_repository", "model_repository_gpu"):
+        for name, folder in model_dirs([ROOT / repo]).items():
+            if read_config(folder).platform == "ensemble":
+                tracked = subprocess.run(
+                    ["git", "ls-files", str(folder.relative_to(ROOT) / "1")],
+                    cwd=ROOT, capture_output=True, text=True, check=True,
+                ).stdout
+                assert tracked.strip(), f"{folder}/1 is not tracked: add a .gitkeep"
