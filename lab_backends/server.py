@@ -47,6 +47,8 @@ from .repository import config_problem, model_dirs, preflight
 TARGETS = ("local", "remote", "docker")
 _BIND_FAILURE = re.compile(r"(?i)(address already in use|failed to (start|bind)|Socket '.*' already in use)")
 _PORT_RETRIES = 3
+#: "E1130 04:42:34.387511 2147 model_repository_manager.cc:1460] \"" before Triton's own words.
+_LOG_PREFIX = re.compile(r'^[IEW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "?')
 
 
 def _redact(text: str, secret: str) -> str:
@@ -434,7 +436,7 @@ class TritonServer:
         for i, line in enumerate(lines):
             if "Error parsing text-format" in line and i + 1 < len(lines) and f"'{model}'" in "".join(lines[i + 1 : i + 3]):
                 hits.insert(0, line)
-        return "\n".join(re.sub(r"^[IEW]\d{4} [\d:.]+ \d+ ", "", h) for h in hits[-3:])
+        return "\n".join(_LOG_PREFIX.sub("", h).rstrip('"') for h in hits[-3:])
 
     def _check_models(self) -> None:
         """After readiness: is every model we asked for READY? Quote Triton's reason if not."""
@@ -507,7 +509,7 @@ class TritonServer:
             # The API answers e.g. "failed to poll from model repository"; the log says why.
             new_lines = self.log_text()[log_before:].splitlines()
             hits = [ln for ln in new_lines if f"'{name}'" in ln and ("fail" in ln.lower() or "error" in ln.lower())]
-            reason = re.sub(r'^[IEW]\d{4} [\d:.]+ \d+ [\w.]+:\d+\] "?', "", hits[-1]).rstrip('"') if hits else ""
+            reason = _LOG_PREFIX.sub("", hits[-1]).rstrip('"') if hits else ""
             raise ModelLoadError(name, reason or exc.message() or str(exc)) from exc
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
