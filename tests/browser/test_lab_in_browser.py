@@ -225,12 +225,23 @@ def test_batching_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> N
                 slider = page.locator(".widget-slider", has_text="concurrency (client)").last
                 readout = slider.locator(".widget-readout")
                 old_value = readout.inner_text().strip()
+                # The plot is taller than the viewport: bring the slider itself into view before
+                # reading its coordinates, or the drag lands outside the page (seen in CI).
+                slider.scroll_into_view_if_needed()
                 handle, track = slider.locator(".noUi-handle").bounding_box(), slider.locator(".noUi-target").bounding_box()
                 page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
                 page.mouse.down()
                 page.mouse.move(track["x"] + track["width"] * 0.08, handle["y"] + handle["height"] / 2, steps=8)
                 page.mouse.up()
-                new_value = _wait("the slider to move", lambda: (v := readout.inner_text().strip()) != old_value and v, 10)
+                moved = lambda: (v := readout.inner_text().strip()) != old_value and v  # noqa: E731
+                try:
+                    new_value = _wait("the slider to move (drag)", moved, 10)
+                except AssertionError:
+                    # A learner can also use the keyboard: focus the handle and step it down.
+                    slider.locator(".noUi-handle").focus()
+                    for _ in range(10):
+                        page.keyboard.press("ArrowLeft")
+                    new_value = _wait("the slider to move (keyboard)", moved, 10)
                 page.locator(".widget-button", has_text="Run").last.click()
                 status = page.locator(".widget-html", has_text="req/s").last
                 _wait(f"the panel to report a run at c={new_value}",
