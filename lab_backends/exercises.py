@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from . import rest
 from .errors import ExerciseError, LabBackendsError
 from .paths import PROJECT_ROOT
 
@@ -132,15 +131,10 @@ def load_solution(name: str) -> Any:
 
 # ---------------------------------------------------------------------------------------- 01: KServe v2 JSON
 def _post_json(server: Any, model: str, body: bytes) -> tuple[int, bytes]:
-    request = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/{model}/infer", data=body, method="POST",
-        headers={"Content-Type": "application/json"},
+    return rest.request(
+        f"http://{server.http_url}/v2/models/{model}/infer", "POST", body,
+        {"Content-Type": "application/json"}, timeout=30,
     )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 @exercise(

@@ -18,14 +18,13 @@ from __future__ import annotations
 import copy
 import threading
 import time
-import urllib.error
-import urllib.request
 from base64 import b64encode
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tritonclient.grpc import model_config_pb2
 
+from . import rest
 from .errors import LabBackendsError, ModelLoadError
 from .repository import ModelConfig, config_json
 
@@ -169,15 +168,11 @@ class AdminAttempt:
 
 
 def _post(server: Any, path: str, body: bytes, headers: Mapping[str, str]) -> AdminAttempt:
-    request = urllib.request.Request(
-        f"http://{server.http_url}{path}", data=body, method="POST",
-        headers={"Content-Type": "application/json", **headers},
+    status, payload = rest.request(
+        f"http://{server.http_url}{path}", "POST", body,
+        {"Content-Type": "application/json", **headers}, timeout=60,
     )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return AdminAttempt(response.status, response.read().decode(errors="replace"))
-    except urllib.error.HTTPError as exc:
-        return AdminAttempt(exc.code, exc.read().decode(errors="replace"))
+    return AdminAttempt(status, payload.decode(errors="replace"))
 
 
 def load_request_body(config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None) -> bytes:

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
+from . import rest
 from .errors import ProtocolError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -367,18 +368,11 @@ def rest_post(server: Any, path: str, body: Any = None, admin: bool = False) -> 
 
 
 def _rest(server: Any, method: str, path: str, body: bytes | None, admin: bool) -> tuple[int, Any]:
-    host, _, port = server.http_url.rpartition(":")
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if admin:
         headers.update(server.admin_headers)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    status, payload = rest.request(f"http://{server.http_url}{path}", method, body, headers, timeout=30)
     try:
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        payload = response.read()
-    finally:
-        conn.close()
-    try:
-        return response.status, json.loads(payload) if payload else None
+        return status, json.loads(payload) if payload else None
     except json.JSONDecodeError:
-        return response.status, payload.decode(errors="replace")
+        return status, payload.decode(errors="replace")

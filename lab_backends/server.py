@@ -22,14 +22,13 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import bundle as _bundle
+from . import rest
 from .errors import (
     LabBackendsError,
     ModelLoadError,
@@ -56,21 +55,11 @@ def _redact(text: str, secret: str) -> str:
 
 
 def _http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return rest.request(url, "GET", headers=headers, timeout=timeout)
 
 
 def _http_post(url: str, body: bytes, headers: dict[str, str], timeout: float = 10.0) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return rest.request(url, "POST", body, headers, timeout)
 
 
 class TritonServer:
