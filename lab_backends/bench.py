@@ -1,6 +1,6 @@
 """``lab-backends bench batching``: the batching benchmark and the load-generator check, in one run.
 
-Writes three files (default folder ``bench/``):
+Writes four files (default folder ``bench/``):
 
 * ``batching.csv``: ``model,protocol,batching,concurrency,requests,throughput_rps,p50_ms,p90_ms,p99_ms,avg_batch``
   for ``cost_model`` (and ``digits_torch`` once built) without and with dynamic batching, at
@@ -9,27 +9,25 @@ Writes three files (default folder ``bench/``):
   ``wrk`` (Debian package) on the same model, config and concurrency, back to back, plus our gRPC
   generator and the stock ``tritonclient.grpc.aio`` client for comparison; once on the bench's
   dynamic ``cost_model``, once with its cost set to zero (so the clients' own cost shows);
-* ``batching.png``: throughput, latency and batch sizes per model.
+* ``batching.png``: throughput, latency and batch sizes per model;
+* ``cycle.csv``: for each load generator on the dynamic ``cost_model``, where one batch's cycle
+  goes (the model's cost, the Python backend's hand-off, the turnaround through client and front
+  end) and the fraction of the ceiling the server alone allows (:mod:`lab_backends.loadgens`).
 
 This is a benchmark, not a test: it asserts nothing, it prints the targets next to what it measured.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
-from .errors import LoadSettingError
-from .load import example_inputs, http_request_bytes, run_closed
+from .loadgens import CYCLE_COLUMNS, compare_loadgens
 from .paths import MODEL_REPOSITORY, PROJECT_ROOT
-from .sweep import NO_BATCHING, apply_config, sweep
+from .sweep import NO_BATCHING, sweep
 
 BATCHING_COLUMNS = ["model", "protocol", "batching", "concurrency", "requests", "throughput_rps",
                     "p50_ms", "p90_ms", "p99_ms", "avg_batch"]
@@ -70,91 +68,7 @@ def available_models(log: Callable[[str], None] = print) -> list[str]:
     return models
 
 
-# ------------------------------------------------------------------------------------------ wrk
-
-
-def run_wrk(server: Any, model: str, inputs: dict, concurrency: int, duration_s: float, threads: int = 1) -> float:
-    """Requests/s that ``wrk`` reaches with the same binary-tensor request as our HTTP generator."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise LoadSettingError("wrk is not installed; `apt-get install -y wrk` (the Makefile's bench target does it)")
-    message = http_request_bytes(server.http_url, model, inputs)
-    head, body = message.split(b"\r\n\r\n", 1)
-    header_len = re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1).decode()
-    with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
-        body_file = Path(tmp) / "body.bin"
-        body_file.write_bytes(body)
-        script = Path(tmp) / "infer.lua"
-        script.write_text(
-            'wrk.method = "POST"\n'
-            f'wrk.path = "/v2/models/{model}/infer"\n'
-            'wrk.headers["Content-Type"] = "application/octet-stream"\n'
-            f'wrk.headers["Inference-Header-Content-Length"] = "{header_len}"\n'
-            f'local f = assert(io.open("{body_file}", "rb"))\n'
-            "wrk.body = f:read(\"*all\")\n"
-            "f:close()\n"
-        )
-        cmd = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--timeout", "30s",
-               "-s", str(script), f"http://{server.http_url}"]
-        subprocess.run(cmd[:4] + ["-d1s"] + cmd[5:], capture_output=True, text=True, timeout=60)  # warm-up
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60)
-    out = done.stdout + done.stderr
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if done.returncode != 0 or bad:
-        raise LoadSettingError(f"wrk failed (exit {done.returncode}):\n{out}")
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not match:
-        raise LoadSettingError(f"could not read Requests/sec from wrk's output:\n{out}")
-    return float(match.group(1))
-
-
 # ------------------------------------------------------------------------------------ the bench
-
-#: Tools compared in loadgen.csv: (name, protocol for run_closed, or None for wrk).
-LOADGENS = (
-    ("lab_backends.load http", "http"),
-    ("wrk", None),
-    ("lab_backends.load grpc", "grpc"),
-    ("tritonclient.grpc.aio", "grpc-tritonclient"),
-)
-#: cost_model with no cost at all: then only the client and the server's per-request work remain.
-FREE = {"parameters": {"fixed_ms": {"string_value": "0"}, "per_item_ms": {"string_value": "0"}}}
-
-
-def compare_loadgens(
-    server: Any, model: str, override: Any, seconds: float, log: Callable[[str], None] = print, concurrency: int = 16
-) -> list[dict[str, Any]]:
-    """Each tool for ``seconds`` on the same config, back to back: the bench's dynamic config, then
-    the same with zero model cost (where the client's own cost shows most)."""
-    base = server.model_config(model)
-    rows = []
-    try:
-        for label, extra in ((model, None), (f"{model}(fixed_ms=0,per_item_ms=0)", FREE)):
-            config = apply_config(server, model, override, base)
-            if extra is not None:
-                apply_config(server, model, extra, config)
-            inputs = example_inputs(server.model_config(model))
-            log(f"load generators on {label}, {concurrency} in flight, {seconds:.0f} s each...")
-            for tool, protocol in LOADGENS:
-                row = {"tool": tool, "model": label, "concurrency": concurrency, "client_cpu_us": float("nan")}
-                if protocol is None:
-                    try:
-                        row["throughput_rps"] = run_wrk(server, model, inputs, concurrency, seconds)
-                    except LoadSettingError as exc:
-                        log(f"wrk row skipped: {exc}")
-                        continue
-                else:
-                    result = run_closed(server, model, concurrency, protocol=protocol, inputs=inputs,
-                                        requests=10**6, duration_s=seconds, server_stats=False)
-                    if result.summary["errors"]:
-                        log(f"{tool}: {result.summary['errors']} errors, first: {result.summary['first_error']}")
-                    row["throughput_rps"] = result.summary["throughput_rps"]
-                    row["client_cpu_us"] = result.summary["client_cpu_us_per_request"]
-                rows.append(row)
-    finally:
-        server.load_model(model, config=base)
-    return rows
-
 
 
 def _batching_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -186,7 +100,7 @@ def batching_bench(
     duration = duration_s or (3.0 if quick else 10.0)
     loadgen_s = loadgen_s or (3.0 if quick else 10.0)
     started = time.monotonic()
-    batching, loadgen = [], []
+    batching, loadgen, cycles = [], [], []
     with TritonServer(models=models, allow_broken_models=True, startup_timeout_s=300) as server:
         for name, reason in server.broken_models.items():
             log(f"{name} skipped: it failed to load: {reason}")
@@ -199,20 +113,25 @@ def batching_bench(
             batching.append(_batching_rows(frame))
             if model != "cost_model":
                 continue
-            loadgen += compare_loadgens(server, model, configs["dynamic"], loadgen_s, log)
+            rows, cycle_rows = compare_loadgens(server, model, configs["dynamic"], loadgen_s, log)
+            loadgen += rows
+            cycles += cycle_rows
     batching_frame = pd.concat(batching, ignore_index=True) if batching else pd.DataFrame(columns=BATCHING_COLUMNS)
     loadgen_frame = pd.DataFrame(loadgen)
+    cycle_frame = pd.DataFrame(cycles).reindex(columns=CYCLE_COLUMNS)
     paths = {
         "batching": out_dir / "batching.csv",
         "loadgen": out_dir / "loadgen.csv",
+        "cycle": out_dir / "cycle.csv",
         "figure": out_dir / "batching.png",
     }
     batching_frame.round(3).to_csv(paths["batching"], index=False)
     loadgen_frame.reindex(columns=LOADGEN_COLUMNS).round(1).to_csv(paths["loadgen"], index=False)
+    cycle_frame.round(3).to_csv(paths["cycle"], index=False)
     figure(batching_frame).savefig(paths["figure"], dpi=100)
-    log(report(batching_frame, loadgen_frame))
+    log(report(batching_frame, loadgen_frame, cycle_frame))
     log(f"wrote {', '.join(str(p) for p in paths.values())} in {time.monotonic() - started:.0f} s")
-    return {"batching": batching_frame, "loadgen": loadgen_frame, "paths": paths}
+    return {"batching": batching_frame, "loadgen": loadgen_frame, "cycle": cycle_frame, "paths": paths}
 
 
 def figure(frame: pd.DataFrame) -> Any:
@@ -236,7 +155,7 @@ def figure(frame: pd.DataFrame) -> Any:
     return fig
 
 
-def report(batching: pd.DataFrame, loadgen: pd.DataFrame) -> str:
+def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | None = None) -> str:
     """Markdown tables plus the issue's targets, computed from the rows."""
     lines = ["| model | batching | c | req/s | p50 ms | p90 ms | p99 ms | avg batch |", "|---|---|---|---|---|---|---|---|"]
     for _, r in batching.iterrows():
@@ -247,6 +166,14 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame) -> str:
         cpu = "" if pd.isna(r.get("client_cpu_us")) else f"{r.client_cpu_us:.0f}"
         lines.append(f"| {r.tool} | {r.model} | {r.concurrency} | {r.throughput_rps:.0f} | {cpu} |")
     lines.append("")
+    if cycle is not None and len(cycle):
+        lines += ["One cost_model batch, c=16 (ms): cycle = model + backend hand-off + turnaround", "",
+                  "| tool | req/s | of ceiling | cycle | model | backend | turnaround | server alone allows |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for _, r in cycle.iterrows():
+            lines.append(f"| {r.tool} | {r.throughput_rps:.0f} | {r.of_ceiling:.2f} | {r.cycle_ms:.2f} | "
+                         f"{r.model_ms:.2f} | {r.backend_ms:.2f} | {r.turnaround_ms:.2f} | {r.server_bound:.2f} |")
+        lines.append("")
 
     def at(model: str, batching_kind: str, c: int = 16) -> pd.Series | None:
         hit = batching[(batching.model == model) & (batching.batching == batching_kind) & (batching.concurrency == c)]
@@ -256,6 +183,9 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame) -> str:
     if dyn is not None:
         lines.append(f"- cost_model c=16 dynamic: {dyn.throughput_rps / cost_model_ceiling(16):.2f} of the "
                      f"{cost_model_ceiling(16):.0f} req/s ceiling (target >= 0.8)")
+    if cycle is not None and len(cycle):
+        allows = ", ".join(f"{r.tool} {r.server_bound:.2f}" for _, r in cycle.iterrows())
+        lines.append(f"  (the server alone, with an instant client, allows at most: {allows})")
     for model, target in (("cost_model", 5), ("digits_torch", 2)):
         d, n = at(model, "dynamic"), at(model, "none")
         if d is not None and n is not None:

@@ -229,6 +229,7 @@ def test_panel_runs_headlessly_and_reports_bad_settings(fresh):
 
 def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
     from lab_backends.bench import BATCHING_COLUMNS, LOADGEN_COLUMNS, batching_bench
+    from lab_backends.loadgens import CYCLE_COLUMNS
 
     out = batching_bench(tmp_path, models=[MODEL], progress=False, log=lambda m: None,
                          requests=40, duration_s=1.0, loadgen_s=1.0)
@@ -244,4 +245,16 @@ def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
     assert "lab_backends.load http" in tools
     if shutil.which("wrk"):
         assert float(tools["wrk"]["throughput_rps"]) > 0
+    with open(out["paths"]["cycle"]) as f:
+        cycles = {r["tool"]: r for r in csv.DictReader(f)}
+    assert list(next(iter(cycles.values()))) == CYCLE_COLUMNS
+    assert set(cycles) == set(tools)  # one cycle row per tool that ran
+    for tool, row in cycles.items():
+        parts = [float(row[k]) for k in ("model_ms", "backend_ms", "turnaround_ms")]
+        assert sum(parts) == pytest.approx(float(row["cycle_ms"]), abs=0.01), tool  # CSV keeps 3 decimals
+        # The bench config makes full batches of 16: the model's own cost is 10 + 16 * 0.2 ms, and
+        # the Python backend's hand-off and the turnaround both take time on a real server.
+        assert float(row["avg_batch"]) > 12 and 12.4 < float(row["model_ms"]) <= 13.2, row
+        assert parts[1] > 0 and parts[2] > 0, row
+        assert 0 < float(row["server_bound"]) < 1, row
     assert out["paths"]["figure"].stat().st_size > 10_000
