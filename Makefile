@@ -49,7 +49,7 @@ test: setup browser-deps
 clean-build:
 	rm -rf build
 
-# The batching benchmark (not a test): bench/batching.csv, bench/loadgen.csv, bench/batching.png.
+# The batching benchmark (not a test): bench/batching.csv, loadgen.csv, cycle.csv, batching.png.
 # wrk (Debian package) is the reference HTTP load generator; installed here when missing.
 # BENCH_ARGS=--quick for the short version (under 3 minutes).
 bench: setup
