@@ -254,7 +254,9 @@ def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
         assert sum(parts) == pytest.approx(float(row["cycle_ms"]), abs=0.01), tool  # CSV keeps 3 decimals
         # The bench config makes full batches of 16: the model's own cost is 10 + 16 * 0.2 ms, and
         # the Python backend's hand-off and the turnaround both take time on a real server.
-        assert float(row["avg_batch"]) > 12 and 12.4 < float(row["model_ms"]) <= 13.2, row
+        batch = float(row["avg_batch"])  # ~16; wrk's connections closing mid-batch can nudge it
+        assert 12 < batch < 17, row
+        assert float(row["model_ms"]) == pytest.approx(10 + 0.2 * batch, abs=0.01), row
         assert parts[1] > 0 and parts[2] > 0, row
         assert 0 < float(row["server_bound"]) < 1, row
     assert out["paths"]["figure"].stat().st_size > 10_000
