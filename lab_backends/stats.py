@@ -11,15 +11,13 @@ dicts or text, so the arithmetic is unit-tested on payloads recorded from a real
 
 from __future__ import annotations
 
-import time
-
 import json
 import re
-import urllib.error
-import urllib.request
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from . import rest
 from .errors import StatisticsError
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
@@ -31,26 +29,25 @@ STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> dict:
     """``GET /v2/models/<model>/stats`` with the server's admin key (the API is restricted).
 
-    Plain ``urllib`` rather than ``tritonclient.http`` so it may run from any thread (the latter is
-    gevent-based and must stay on one thread), e.g. from inside a running load.
+    Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
+    any thread (the latter is gevent-based and must stay on one thread), e.g. during a load.
     """
     path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
-    request = urllib.request.Request(f"http://{server.http_url}{path}", headers=dict(server.admin_headers))
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
+    status, body = rest.request(f"http://{server.http_url}{path}", headers=server.admin_headers, timeout=timeout_s)
+    if status != 200:
         raise StatisticsError(
-            f"the statistics API answered HTTP {exc.code} for model '{model}': {detail}. "
+            f"the statistics API answered HTTP {status} for model '{model}': {body.decode(errors='replace')}. "
             "Is the model loaded, and does the server object carry the admin key?"
-        ) from exc
+        )
+    return json.loads(body)
 
 
 def scrape_metrics(server: Any, timeout_s: float = 10.0) -> str:
     """The Prometheus text page (``/metrics``); it is not restricted."""
-    with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as response:
-        return response.read().decode()
+    status, body = rest.request(server.metrics_url, timeout=timeout_s)
+    if status != 200:
+        raise StatisticsError(f"the metrics page {server.metrics_url} answered HTTP {status}: {body[:200]!r}")
+    return body.decode()
 
 
 # ---------------------------------------------------------------------------- statistics arithmetic

@@ -41,14 +41,13 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from . import rest
 from .errors import TraceError
 
 #: The stages of one request, in the order a request goes through them.
@@ -351,9 +350,7 @@ def trace_settings(server: Any, model: str = "", use_key: bool = True) -> dict:
     The trace API is restricted in this workbench, so the admin key is sent; ``use_key=False``
     shows what a client without it gets (a :class:`TraceError` quoting HTTP 403).
     """
-    headers = server.admin_headers if use_key else {}
-    request = urllib.request.Request(_trace_url(server, model), headers=headers)
-    return _send(request)
+    return _send(_trace_url(server, model), headers=server.admin_headers if use_key else {})
 
 
 def update_trace_settings(server: Any, model: str = "", **settings: Any) -> dict:
@@ -363,21 +360,16 @@ def update_trace_settings(server: Any, model: str = "", **settings: Any) -> dict
     *file* can only be chosen at startup: ``trace_file=`` here is refused by Triton.
     """
     body = {k: (list(v) if isinstance(v, (list, tuple)) else str(v)) for k, v in settings.items()}
-    request = urllib.request.Request(
-        _trace_url(server, model), data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json", **server.admin_headers},
-    )
-    return _send(request)
+    return _send(_trace_url(server, model), body=json.dumps(body).encode(), method="POST",
+                 headers={"Content-Type": "application/json", **server.admin_headers})
 
 
-def _send(request: urllib.request.Request) -> dict:
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        hint = " (the trace API is restricted: pass the server's admin key)" if exc.code == 403 else ""
-        raise TraceError(f"trace settings request failed with HTTP {exc.code}: {detail}{hint}") from exc
+def _send(url: str, method: str = "GET", body: bytes | None = None, headers: Mapping[str, str] | None = None) -> dict:
+    status, answer = rest.request(url, method=method, body=body, headers=headers, timeout=10)
+    if status != 200:
+        hint = " (the trace API is restricted: pass the server's admin key)" if status == 403 else ""
+        raise TraceError(f"trace settings request failed with HTTP {status}: {answer.decode(errors='replace')}{hint}")
+    return json.loads(answer)
 
 
 # ---------------------------------------------------------------------------------------- experiments

@@ -68,3 +68,17 @@ def test_summary_quantiles(server) -> None:
     assert list(table.columns) == ["request", "queue", "compute_infer"]
     with pytest.raises(StatisticsError, match="summary_latencies"):
         observability.summary_quantiles(text, "no_such_model")
+
+
+def test_statistics_errors_name_the_model_and_the_fix(server) -> None:
+    """A refused statistics call says what Triton answered and what to check, for both causes."""
+    with pytest.raises(StatisticsError, match=r"HTTP 400 for model 'no_such_model'.*Is the model loaded"):
+        stats.fetch_statistics(server, "no_such_model")
+
+    class NoKey:  # the same server seen by a client that lacks the admin key
+        http_url = server.http_url
+        admin_headers: dict = {}
+
+    with pytest.raises(StatisticsError, match=r"HTTP 403 .*admin key"):
+        stats.fetch_statistics(NoKey(), "cost_model")
+    assert stats.fetch_statistics(server, "cost_model")["model_stats"][0]["name"] == "cost_model"
