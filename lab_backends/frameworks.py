@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from . import stats as _stats
 from .errors import LabBackendsError
 
 #: The Python-wrapped models, by framework.
@@ -281,11 +282,6 @@ def model_ready(server: Any, model: str) -> bool:
         return False
 
 
-def inference_count(server: Any, model: str) -> int:
-    """Rows the server has computed for ``model`` so far (the statistics API's inference_count)."""
-    return sum(int(s.get("inference_count", 0)) for s in server.statistics(model).get("model_stats", []))
-
-
 EXERCISE_ROWS = 150
 
 
@@ -314,7 +310,7 @@ def check_agreement_answer(answer: Any, server: Any) -> str:
         if server is None or not all(model_ready(server, m) for m in models):
             server = stack.enter_context(TritonServer(models=list(models), target="local"))
         for model in models:
-            before = inference_count(server, model)
+            before = _stats.inference_count(server, model)
             try:
                 out = answer(server, model, images.copy())
             except (NotImplementedError, ExerciseError):
@@ -322,7 +318,7 @@ def check_agreement_answer(answer: Any, server: Any) -> str:
             except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 raise ExerciseError(f"logits_of(server, {model!r}, images) raised {type(exc).__name__}: {first[:300]}") from exc
-            rows = inference_count(server, model) - before
+            rows = _stats.rows_since(server, model, before, len(images))
             out = np.asarray(out)
             if out.shape != (len(images), 10):
                 raise ExerciseError(f"{model}: expected LOGITS of shape {(len(images), 10)}, got {out.shape}: one row "

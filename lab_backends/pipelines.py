@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from . import stats as _stats
 from .errors import LabBackendsError
 from .paths import MODEL_REPOSITORY
 
@@ -144,10 +145,6 @@ LEARNER_ENSEMBLE = "my_ensemble_c"
 EXERCISE_ROWS = 24
 
 
-def _count(server: Any, model: str) -> int:
-    return sum(int(s.get("inference_count", 0)) for s in server.statistics(model).get("model_stats", []))
-
-
 def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
     """Checker of exercise ``ensemble_with_c_preprocess`` (registered in :mod:`lab_backends.exercises`).
 
@@ -190,12 +187,14 @@ def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
                 own.load_model(LEARNER_ENSEMBLE)
             except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
                 raise ExerciseError(f"the server refused to load your ensemble: {str(exc)[:500]}") from exc
-            before = {m: _count(own, m) for m in ("digits_preprocess", "digits_preprocess_c")}
+            before = {m: _stats.inference_count(own, m) for m in ("digits_preprocess", "digits_preprocess_c")}
             try:
                 mine = infer(own, LEARNER_ENSEMBLE, {"IMAGE": images})
             except Exception as exc:  # noqa: BLE001
                 raise ExerciseError(f"your ensemble loaded but a request failed: {str(exc)[:500]}") from exc
-            moved = {m: _count(own, m) - n for m, n in before.items()}
+            moved = {"digits_preprocess_c": _stats.rows_since(own, "digits_preprocess_c",
+                                                              before["digits_preprocess_c"], len(images))}
+            moved["digits_preprocess"] = _stats.inference_count(own, "digits_preprocess") - before["digits_preprocess"]
             reference = infer(own, "digits_ensemble", {"IMAGE": images})
     missing = {"LABELS", "PROBS"} - set(mine)
     if missing:

@@ -279,6 +279,26 @@ def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None)
     return frame
 
 
+def inference_count(server: Any, model: str) -> int:
+    """Rows the server has computed for ``model`` so far (``inference_count``, all versions)."""
+    return sum(_int(s.get("inference_count", 0)) for s in fetch_statistics(server, model).get("model_stats", []))
+
+
+def rows_since(server: Any, model: str, before: int, expected: int, wait_s: float = 3.0) -> int:
+    """Rows computed for ``model`` since a count of ``before``, waiting up to ``wait_s`` for ``expected``.
+
+    Triton counts a request when it releases it, a moment after the client has its response, so a
+    count read right after the last answer can miss the last batch (seen in CI: 128 of 150 rows).
+    Returns early once ``expected`` is reached; a smaller number after ``wait_s`` is the real count.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows = inference_count(server, model) - before
+        if rows >= expected or time.monotonic() >= deadline:
+            return rows
+        time.sleep(0.02)
+
+
 def settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
     """A statistics snapshot once the counters stop moving.
 

@@ -82,3 +82,18 @@ def test_statistics_errors_name_the_model_and_the_fix(server) -> None:
     with pytest.raises(StatisticsError, match=r"HTTP 403 .*admin key"):
         stats.fetch_statistics(NoKey(), "cost_model")
     assert stats.fetch_statistics(server, "cost_model")["model_stats"][0]["name"] == "cost_model"
+
+
+def test_rows_since_waits_for_the_release_and_no_longer(server) -> None:
+    """Triton counts a request at release, after the response: rows_since waits for it, within a bound."""
+    import time
+
+    from lab_backends.client import infer
+
+    before = stats.inference_count(server, "cost_model")
+    fresh = np.random.default_rng().random((3, 16), dtype=np.float32)  # never a response-cache hit
+    infer(server, "cost_model", {"INPUT0": fresh})
+    assert stats.rows_since(server, "cost_model", before, 3) == 3
+    start = time.monotonic()
+    assert stats.rows_since(server, "cost_model", before, 10, wait_s=0.3) == 3  # the real count, after the wait
+    assert 0.3 <= time.monotonic() - start < 5
