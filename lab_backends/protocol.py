@@ -194,22 +194,31 @@ def http_exchange(
     host, _, port = server.http_url.rpartition(":")
     conn = connection or http.client.HTTPConnection(host, int(port), timeout=120)
     try:
-        start = time.perf_counter()
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        payload = response.read()
-        elapsed = (time.perf_counter() - start) * 1000
+        response, payload, elapsed = _timed_post(conn, path, body, headers)
     finally:
         if connection is None:
             conn.close()
     response_headers = {k: v for k, v in response.getheaders()}
     exchange = HttpExchange("POST", path, headers, body, response.status, response_headers, payload, elapsed)
-    if response.status != 200:
-        raise ProtocolError(
-            f"POST {path} answered HTTP {response.status}: {payload.decode(errors='replace')[:500]}"
-        )
     _, exchange.outputs = decode_response(payload, response_headers)
     return exchange
+
+
+def _timed_post(conn: http.client.HTTPConnection, path: str, body: bytes,
+                headers: Mapping[str, str]) -> tuple[http.client.HTTPResponse, bytes, float]:
+    """One POST on an open connection: the response, its whole body, and the round trip in ms.
+
+    The clock runs from sending to having read the last byte; encoding and decoding stay outside.
+    Raises :class:`ProtocolError` with Triton's message when the server refuses the request.
+    """
+    start = time.perf_counter()
+    conn.request("POST", path, body=body, headers=headers)
+    response = conn.getresponse()
+    payload = response.read()
+    elapsed = (time.perf_counter() - start) * 1000
+    if response.status != 200:
+        raise ProtocolError(f"POST {path} answered HTTP {response.status}: {payload.decode(errors='replace')[:500]}")
+    return response, payload, elapsed
 
 
 # ---------------------------------------------------------------------------------------- gRPC
@@ -315,14 +324,7 @@ def compare_latency(server: Any, model: str, inputs: Mapping[str, np.ndarray], r
         try:
             times, size = [], 0
             for i in range(warmup + repeats):
-                start = time.perf_counter()
-                conn.request("POST", path, body=body, headers=headers)
-                response = conn.getresponse()
-                payload = response.read()
-                elapsed = (time.perf_counter() - start) * 1000
-                if response.status != 200:
-                    raise ProtocolError(f"POST {path} answered HTTP {response.status}: "
-                                        f"{payload.decode(errors='replace')[:500]}")
+                _, payload, elapsed = _timed_post(conn, path, body, headers)
                 size = len(payload)
                 if i >= warmup:
                     times.append(elapsed)
