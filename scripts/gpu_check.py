@@ -289,10 +289,10 @@ def percentiles(values: list[float]) -> dict:
             "p90_ms": round(pick(0.9), 3), "p99_ms": round(pick(0.99), 3)}
 
 
-def sequential(server: Server, model: str, body: bytes, count: int, budget_s: float) -> dict:
+def timed_posts(server: Server, model: str, body: bytes, count: int, end: float, times: list[float]) -> None:
+    """Up to ``count`` requests on one keep-alive connection until ``end``, each latency appended to
+    ``times`` as it comes (so that an error keeps what was measured before it)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
-    times: list[float] = []
-    end = time.monotonic() + budget_s
     try:
         for _ in range(count):
             if time.monotonic() > end:
@@ -302,6 +302,11 @@ def sequential(server: Server, model: str, body: bytes, count: int, budget_s: fl
             times.append((time.perf_counter() - t0) * 1e3)
     finally:
         conn.close()
+
+
+def sequential(server: Server, model: str, body: bytes, count: int, budget_s: float) -> dict:
+    times: list[float] = []
+    timed_posts(server, model, body, count, time.monotonic() + budget_s, times)
     return percentiles(times)
 
 
@@ -313,20 +318,13 @@ def concurrent(server: Server, model: str, body: bytes, workers: int, per_worker
     end = time.monotonic() + budget_s
 
     def worker() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
         mine: list[float] = []
         try:
-            for _ in range(per_worker):
-                if time.monotonic() > end:
-                    break
-                t0 = time.perf_counter()
-                post_infer(conn, model, body)
-                mine.append((time.perf_counter() - t0) * 1e3)
+            timed_posts(server, model, body, per_worker, end, mine)
         except Exception as exc:  # noqa: BLE001 - counted and reported
             with lock:
                 errors.append(str(exc)[:200])
         finally:
-            conn.close()
             with lock:
                 times.extend(mine)
 
