@@ -10,7 +10,7 @@ backend its config picks, so the picture matches the server that is running.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: Scheduler names as this workbench shows them, in the order they are drawn.
 SCHEDULERS = ("default", "dynamic batcher", "sequence batcher", "ensemble")
@@ -91,19 +91,11 @@ def architecture_diagram(configs: Mapping[str, Any] | None = None, ax: Any = Non
         _arrow(ax, (3.9, y), (4.5, 4.4))
     # Column 3: schedulers, one per model.
     ax.text(8.0, 6.55, "per-model schedulers", ha="center", fontsize=10, weight="bold")
-    for i, name in enumerate(SCHEDULERS):
-        y = 5.2 - i * 1.45
-        models = placement.get(("scheduler", name), [])
-        label = name + ("\n" + _names(models) if models else "")
-        _box(ax, 7.1, y, 1.9, 1.2, label, "#c7e9c0", size=7 if models else 9)
+    for y in _column(ax, 7.1, 1.9, "scheduler", SCHEDULERS, placement, "#c7e9c0"):
         _arrow(ax, (6.6, 4.45), (7.1, y + 0.6))
     # Column 4: backends.
     ax.text(10.6, 6.55, "backends", ha="center", fontsize=10, weight="bold")
-    for i, name in enumerate(BACKENDS):
-        y = 5.2 - i * 1.45
-        models = placement.get(("backend", name), [])
-        label = name + ("\n" + _names(models) if models else "")
-        _box(ax, 9.6, y, 2.0, 1.2, label, "#dadaeb", size=7 if models else 9)
+    _column(ax, 9.6, 2.0, "backend", BACKENDS, placement, "#dadaeb")
     for i in range(3):
         _arrow(ax, (9.0, 5.8 - i * 1.45), (9.6, 5.8 - i * 1.45))
     # The ensemble scheduler runs no backend: it feeds its steps to other models' schedulers.
@@ -118,6 +110,20 @@ def architecture_diagram(configs: Mapping[str, Any] | None = None, ax: Any = Non
     ax.text(4.0, 0.4, "the response returns through the same front end", ha="center", fontsize=8, color="#555555")
     ax.set_title(title or "Triton Inference Server: the path of one request", fontsize=12)
     return ax
+
+
+def _column(ax: Any, x: float, width: float, kind: str, names: Sequence[str],
+            placement: Mapping[tuple[str, str], list[str]], color: str) -> list[float]:
+    """One box per scheduler (or backend) kind, top to bottom, naming the models placed there;
+    returns the boxes' bottom edges so that the caller can draw arrows to them."""
+    ys = []
+    for i, name in enumerate(names):
+        y = 5.2 - i * 1.45
+        models = placement.get((kind, name), [])
+        label = name + ("\n" + _names(models) if models else "")
+        _box(ax, x, y, width, 1.2, label, color, size=7 if models else 9)
+        ys.append(y)
+    return ys
 
 
 def _names(models: list[str], limit: int = 3) -> str:
