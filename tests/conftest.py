@@ -17,6 +17,14 @@ from lab_backends.server import TritonServer  # noqa: E402
 FAST = os.environ.get("LAB_FAST", "0") == "1"
 
 
+@pytest.fixture(scope="session")
+def split():
+    """The fixed digits split (train/test images and labels) that every digits model is built from."""
+    from lab_backends.digits import load_split
+
+    return load_split()
+
+
 @pytest.fixture
 def start_server():
     """Factory: ``start_server(models=[...], **options)`` -> a started TritonServer, stopped after the test."""

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.client import infer
-from lab_backends.digits import build_models, load_split, normalize
+from lab_backends.digits import build_models, normalize
 from lab_backends.digits.reference import onnx_logits, top_k, torch_logits
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import TritonServer
@@ -52,11 +52,6 @@ max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
-
-
-@pytest.fixture(scope="module")
-def split():
-    return load_split()
 
 
 @pytest.fixture(scope="module")

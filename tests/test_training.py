@@ -25,11 +25,6 @@ def built():
 
 
 @pytest.fixture(scope="module")
-def split():
-    return load_split()
-
-
-@pytest.fixture(scope="module")
 def trained(split):
     return train(split)
 
