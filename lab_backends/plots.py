@@ -28,6 +28,17 @@ def _ax(ax: Any = None) -> Any:
     return ax
 
 
+def _finish(ax: Any, xlabel: str, ylabel: str, title: str) -> Any:
+    """Labels, title, a legend when something is labelled, and a light grid: the line charts' frame."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return ax
+
+
 def _groups(frame: pd.DataFrame, by: str = "config") -> list[tuple[str, pd.DataFrame]]:
     if by in frame.columns:
         return [(str(name), group) for name, group in frame.groupby(by, sort=False)]
@@ -45,12 +56,7 @@ def latency_vs_concurrency(
         for style, p in zip(styles, percentiles):
             ax.plot(group["concurrency"], group[f"p{p}_ms"], style, marker="o", color=f"C{i}",
                     label=f"{name} p{p}".strip())
-    ax.set_xlabel("requests in flight (concurrency)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title("Latency vs concurrency")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    return ax
+    return _finish(ax, "requests in flight (concurrency)", "latency (ms)", "Latency vs concurrency")
 
 
 def throughput_vs_concurrency(frame: pd.DataFrame, ax: Any = None, by: str = "config", ceiling: Any = None) -> Any:
@@ -62,13 +68,7 @@ def throughput_vs_concurrency(frame: pd.DataFrame, ax: Any = None, by: str = "co
     if ceiling is not None:
         xs = np.array(sorted(frame["concurrency"].unique()), dtype=float)
         ax.plot(xs, [ceiling(x) for x in xs], "k:", label="ceiling")
-    ax.set_xlabel("requests in flight (concurrency)")
-    ax.set_ylabel("throughput (requests/s)")
-    ax.set_title("Throughput vs concurrency")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    return ax
+    return _finish(ax, "requests in flight (concurrency)", "throughput (requests/s)", "Throughput vs concurrency")
 
 
 def latency_throughput(frame: pd.DataFrame, ax: Any = None, by: str = "config", percentile: int = 50) -> Any:
@@ -82,13 +82,7 @@ def latency_throughput(frame: pd.DataFrame, ax: Any = None, by: str = "config", 
                 if pd.notna(row["concurrency"]):
                     ax.annotate(f"c={int(row['concurrency'])}", (row["throughput_rps"], row[f"p{percentile}_ms"]),
                                 textcoords="offset points", xytext=(4, 4), fontsize="x-small")
-    ax.set_xlabel("throughput (requests/s)")
-    ax.set_ylabel(f"p{percentile} latency (ms)")
-    ax.set_title("Latency vs throughput")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    return ax
+    return _finish(ax, "throughput (requests/s)", f"p{percentile} latency (ms)", "Latency vs throughput")
 
 
 def batch_histogram(hist: Mapping[int, int] | pd.Series | Any, ax: Any = None, label: str = "") -> Any:
