@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2
 from .errors import ModelConfigError
 from .repository import ModelConfig, config_text, read_config
 from .stats import parse_metrics, scrape_metrics
+from .waiting import poll
 
 #: Triton data types a learner's tensors may use here (the ``TYPE_`` prefix is added for you).
 DTYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES")
@@ -213,9 +214,4 @@ def wait_for_log(server: Any, needle: str, count: int = 1, timeout_s: float = 10
     ``pb_utils.Logger`` messages travel from the stub process to the server, which writes them a
     moment later: reading the log right after a call may be too early.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = log_lines(server, needle)
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+    return poll(lambda: log_lines(server, needle), lambda found: len(found) >= count, timeout_s, 0.1)

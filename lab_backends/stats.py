@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from . import rest
 from .errors import StatisticsError
+from .waiting import poll
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -291,12 +292,7 @@ def rows_since(server: Any, model: str, before: int, expected: int, wait_s: floa
     count read right after the last answer can miss the last batch (seen in CI: 128 of 150 rows).
     Returns early once ``expected`` is reached; a smaller number after ``wait_s`` is the real count.
     """
-    deadline = time.monotonic() + wait_s
-    while True:
-        rows = inference_count(server, model) - before
-        if rows >= expected or time.monotonic() >= deadline:
-            return rows
-        time.sleep(0.02)
+    return poll(lambda: inference_count(server, model) - before, lambda rows: rows >= expected, wait_s, 0.02)
 
 
 def settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
