@@ -42,6 +42,7 @@ from .paths import BACKEND_DIR, MODEL_REPOSITORY, RUNS_DIR
 from .ports import LOCALHOST, free_ports, port_is_free
 from .processes import stop_group
 from .repository import config_problem, model_dirs, preflight
+from .waiting import poll
 
 TARGETS = ("local", "remote", "docker")
 _BIND_FAILURE = re.compile(r"(?i)(address already in use|failed to (start|bind)|Socket '.*' already in use)")
@@ -464,14 +465,11 @@ class TritonServer:
     def _check_remote(self) -> None:
         if not self._remote_http:
             raise RemoteServerError("target 'remote' needs url=... or the TRITON_URL environment variable")
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not self.is_ready():
-            if time.monotonic() > deadline:
-                raise RemoteServerError(
-                    f"no ready Triton at {self.http_url} within {self.startup_timeout_s:.0f} s; start it "
-                    "(e.g. `docker compose up triton`) or unset TRITON_URL to use the embedded server"
-                )
-            time.sleep(0.5)
+        if not poll(self.is_ready, bool, self.startup_timeout_s, 0.5):
+            raise RemoteServerError(
+                f"no ready Triton at {self.http_url} within {self.startup_timeout_s:.0f} s; start it "
+                "(e.g. `docker compose up triton`) or unset TRITON_URL to use the embedded server"
+            )
         self.http_port = int(self.http_url.rpartition(":")[2])
         self.grpc_port = int(self.grpc_url.rpartition(":")[2])
 
