@@ -131,21 +131,21 @@ def batch_cycle(window: _stats.ServerWindow, throughput_rps: float, concurrency:
     }
 
 
-def _one_round(server: Any, model: str, tool: str, protocol: str | None, inputs: dict, concurrency: int,
-               seconds: float, warm: bool) -> dict[str, Any]:
-    """One tool for ``seconds``: its throughput, client CPU and the server's window of that time."""
+def _one_round(server: Any, model: str, protocol: str | None, inputs: dict, concurrency: int,
+               seconds: float, warm: bool, window: bool) -> dict[str, Any]:
+    """One tool (``protocol`` None: wrk) for ``seconds``: its throughput, client CPU and, with
+    ``window``, the server's statistics over that time (None without)."""
     if protocol is None:
-        before = _stats.settled_statistics(server, model)
+        before = _stats.settled_statistics(server, model) if window else None
         rps = run_wrk(server, model, inputs, concurrency, seconds, warmup_s=1.0 if warm else 0.0)
-        after = _stats.settled_statistics(server, model)
         # wrk's warm-up second falls inside this window too: same config, same full batches.
-        return {"throughput_rps": rps, "client_cpu_us": float("nan"), "window": _stats.window(before, after, model)}
+        seen = _stats.window(before, _stats.settled_statistics(server, model), model) if window else None
+        return {"throughput_rps": rps, "client_cpu_us": float("nan"), "window": seen}
     result = run_closed(server, model, concurrency, protocol=protocol, inputs=inputs, requests=10**6,
-                        duration_s=seconds, warmup_requests=None if warm else 0)
+                        duration_s=seconds, warmup_requests=None if warm else 0, server_stats=window)
     summary = result.summary
-    row = {"throughput_rps": summary["throughput_rps"], "client_cpu_us": summary["client_cpu_us_per_request"],
-           "window": result.server, "errors": summary["errors"], "first_error": summary["first_error"]}
-    return row
+    return {"throughput_rps": summary["throughput_rps"], "client_cpu_us": summary["client_cpu_us_per_request"],
+            "window": result.server, "errors": summary["errors"], "first_error": summary["first_error"]}
 
 
 def compare_loadgens(
@@ -175,8 +175,8 @@ def compare_loadgens(
             runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool, _ in tools}
             for turn in range(rounds):
                 for tool, protocol in tools:
-                    runs[tool].append(_one_round(server, model, tool, protocol, inputs, concurrency,
-                                                 seconds / rounds, warm=turn == 0))
+                    runs[tool].append(_one_round(server, model, protocol, inputs, concurrency, seconds / rounds,
+                                                 warm=turn == 0, window=extra is None))
             for tool, _ in tools:
                 done = runs[tool]
                 for r in done:
@@ -186,7 +186,7 @@ def compare_loadgens(
                 pick = next(r for r in done if r["throughput_rps"] == median)
                 rows.append({"tool": tool, "model": label, "concurrency": concurrency,
                              "throughput_rps": median, "client_cpu_us": pick["client_cpu_us"]})
-                if extra is None and pick["window"] is not None and pick["window"].executions:
+                if pick["window"] is not None and pick["window"].executions:  # the costed config only
                     fixed_ms, per_item_ms = cost_parameters(live)
                     cycles.append({"tool": tool, "concurrency": concurrency,
                                    **batch_cycle(pick["window"], median, concurrency, fixed_ms, per_item_ms)})
