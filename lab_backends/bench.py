@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .loadgens import CYCLE_COLUMNS, compare_loadgens
+from .loadgens import CYCLE_COLUMNS, compare_loadgens, cost_model_ceiling
 from .paths import MODEL_REPOSITORY, PROJECT_ROOT
 from .sweep import NO_BATCHING, sweep
 
@@ -47,11 +47,6 @@ DYNAMIC: dict[str, dict[str, Any]] = {
     "digits_torch": {"dynamic_batching": {}},
 }
 DEFAULT_DYNAMIC: dict[str, Any] = {"dynamic_batching": {}}
-
-
-def cost_model_ceiling(concurrency: float, fixed_ms: float = 10.0, per_item_ms: float = 0.2) -> float:
-    """Requests/s when every execution is one full batch of ``concurrency`` back to back."""
-    return concurrency / ((fixed_ms + concurrency * per_item_ms) / 1000.0)
 
 
 def available_models(log: Callable[[str], None] = print) -> list[str]:

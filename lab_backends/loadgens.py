@@ -93,6 +93,11 @@ def cost_parameters(config: ModelConfig) -> tuple[float, float]:
     return value("fixed_ms", 10.0), value("per_item_ms", 0.2)
 
 
+def cost_model_ceiling(concurrency: float, fixed_ms: float = 10.0, per_item_ms: float = 0.2) -> float:
+    """Requests/s when every execution is one full batch of ``concurrency`` back to back."""
+    return concurrency / ((fixed_ms + concurrency * per_item_ms) / 1000.0)
+
+
 def batch_cycle(window: _stats.ServerWindow, throughput_rps: float, concurrency: int,
                 fixed_ms: float, per_item_ms: float) -> dict[str, float]:
     """Split one batch's cycle into the model's cost, the Python backend's hand-off and the turnaround.
@@ -118,7 +123,7 @@ def batch_cycle(window: _stats.ServerWindow, throughput_rps: float, concurrency:
     cycle = 1000.0 * batch / throughput_rps
     execution = window.compute_input_ms + window.compute_infer_ms + window.compute_output_ms
     model = fixed_ms + per_item_ms * batch
-    ceiling = 1000.0 * concurrency / (fixed_ms + concurrency * per_item_ms)
+    ceiling = cost_model_ceiling(concurrency, fixed_ms, per_item_ms)
     return {
         "throughput_rps": throughput_rps,
         "of_ceiling": throughput_rps / ceiling,
