@@ -3,7 +3,7 @@
 # against LIBTRITONSERVER. Used by docker/triton.Dockerfile so that the NGC image gets the C
 # backends built against *its* libtritonserver.so and glibc, not the host's.
 #
-# Layout (as lab_backends/cbackend.py): SRC/include/ (shared headers, entry points marked
+# Layout (as lab_backends/server/cbackend.py): SRC/include/ (shared headers, entry points marked
 # LAB_EXPORT) and SRC/<name>/<name>.c per backend; the flags match cbackend.CFLAGS.
 # -Wl,-z,defs makes a misspelled TRITONBACKEND_* name fail here, not at model load.
 set -euo pipefail

@@ -1,6 +1,6 @@
 # The NGC Triton plus what this workbench's models need. Built by `docker compose build triton`
-# (context: the repository root, see .dockerignore) or by lab_backends.docker_target on first use.
-# The tag below must equal NGC_TRITON_IMAGE in lab_backends/docker_target.py and the one in
+# (context: the repository root, see .dockerignore) or by lab_backends.server.docker on first use.
+# The tag below must equal NGC_TRITON_IMAGE in lab_backends/server/docker.py and the one in
 # docker-compose.yml (tests/test_compose.py checks it); compose passes it as a build argument.
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITON_IMAGE}

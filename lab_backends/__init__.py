@@ -3,8 +3,8 @@
 The notebooks narrate; this package does the work against a real Triton server.
 """
 
-from .errors import LabBackendsError, ModelLoadError, ServerStartupTimeoutError
-from .server import TritonServer
+from lab_backends.errors import LabBackendsError, ModelLoadError, ServerStartupTimeoutError
+from lab_backends.server.triton_server import TritonServer
 
 __all__ = ["TritonServer", "LabBackendsError", "ModelLoadError", "ServerStartupTimeoutError"]
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 
 
 class _StopRequested(Exception):
@@ -32,7 +32,7 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import TritonServer
+    from lab_backends.server.triton_server import TritonServer
 
     signal.signal(signal.SIGTERM, _raise_stop)
     server = TritonServer(
@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from . import bundle
+    from lab_backends.server import bundle
 
     b = bundle.find_bundle()
     bundle.check_model_environment()
@@ -77,7 +77,7 @@ def _setup(args: argparse.Namespace) -> int:
 
 def _build_backends(args: argparse.Namespace) -> int:
     """Compile the C backends in c_backends/ (only stale ones unless --force)."""
-    from . import cbackend
+    from lab_backends.server import cbackend
 
     for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
         print(f"C backend {name}: {path}")
@@ -86,7 +86,7 @@ def _build_backends(args: argparse.Namespace) -> int:
 
 def _build_models(args: argparse.Namespace) -> int:
     """Train and export the digits models, place them in the model folders, install Python backends."""
-    from .digits import build_models
+    from lab_backends.digits import build_models
 
     report = build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
     print(report.summary())
@@ -95,7 +95,7 @@ def _build_models(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """Benchmarks write files (CSV, PNG) and print their tables; they assert nothing."""
-    from .bench import batching_bench
+    from lab_backends.measure.bench import batching_bench
 
     signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
     try:
@@ -121,7 +121,7 @@ def _lab(args: argparse.Namespace) -> int:
     SIGTERM and Ctrl-C stop JupyterLab (which shuts its kernels down; their servers' watchdogs
     then stop the Tritons), and JupyterLab also dies if this process is killed.
     """
-    from .ports import free_ports
+    from lab_backends.server.ports import free_ports
 
     token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
     port = args.port or free_ports(1)[0]
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .errors import LabBackendsError
+    from lab_backends.errors import LabBackendsError
 
     try:
         return args.func(args)

@@ -124,7 +124,7 @@ def make_model_env(work: Path, wheels: Path) -> tuple[Path, str]:
 
 
 def build_c_backend(triton: Path, backends: Path) -> str:
-    """``scale`` into backends/scale: built here with gcc (via lab_backends.cbackend when it loads), else prebuilt."""
+    """``scale`` into backends/scale: built here with gcc (via lab_backends.server.cbackend when it loads), else prebuilt."""
     server_lib = next(iter(sorted((triton / "lib").glob("libtritonserver*.so*"))), None)
     source = ROOT / "c_backends" / "scale" / "scale.c"
     target = backends / "scale" / "libtriton_scale.so"
@@ -137,12 +137,15 @@ def build_c_backend(triton: Path, backends: Path) -> str:
             pkg = types.ModuleType("lab_backends")
             pkg.__path__ = [str(ROOT / "lab_backends")]
             sys.modules.setdefault("lab_backends", pkg)
-            spec = importlib.util.spec_from_file_location("lab_backends.cbackend", ROOT / "lab_backends" / "cbackend.py")
+            sub = types.ModuleType("lab_backends.server")  # skip server/__init__ (needs tritonclient)
+            sub.__path__ = [str(ROOT / "lab_backends" / "server")]
+            sys.modules.setdefault("lab_backends.server", sub)
+            spec = importlib.util.spec_from_file_location("lab_backends.server.cbackend", ROOT / "lab_backends" / "server" / "cbackend.py")
             cbackend = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(cbackend)
             cbackend._server_library = lambda: server_lib  # the bundled one, not the wheel's
             cbackend.build(source, "scale", backends)
-            return "built here with gcc by lab_backends.cbackend"
+            return "built here with gcc by lab_backends.server.cbackend"
         except Exception as exc:  # noqa: BLE001 - fall back to the prebuilt library
             reason = f"gcc build failed ({str(exc)[:300]})"
     else:

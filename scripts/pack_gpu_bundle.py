@@ -70,9 +70,9 @@ def prebuild_c_backends(out_dir: Path) -> dict[str, str]:
     """Build every ``c_backends/<name>`` here (x86-64, same server library); name -> error if not."""
     results: dict[str, str] = {}
     try:
-        from lab_backends import cbackend
+        from lab_backends.server import cbackend
     except Exception as exc:  # noqa: BLE001 - the C backend module may not exist yet
-        return {"*": f"lab_backends.cbackend unavailable: {exc}"}
+        return {"*": f"lab_backends.server.cbackend unavailable: {exc}"}
     for name, source in cbackend.sources().items():
         try:
             cbackend.build(source, name, out_dir)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-numpy", action="store_true", help="skip the numpy wheel (CPU smoke tests)")
     args = parser.parse_args(argv)
 
-    from lab_backends.bundle import find_bundle
+    from lab_backends.server.bundle import find_bundle
 
     bundle = find_bundle()
     stub_version = tuple(int(x) for x in args.stub_python.split("."))

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lab_backends.server import TritonServer  # noqa: E402
+from lab_backends.server.triton_server import TritonServer  # noqa: E402
 
 #: LAB_FAST=1 shrinks loads (CI sets nothing: full sizes are sized to fit the budget already).
 FAST = os.environ.get("LAB_FAST", "0") == "1"

@@ -1,4 +1,4 @@
-"""lab_backends.authoring: model folders written from source text, served by a real Triton.
+"""lab_backends.lessons.authoring: model folders written from source text, served by a real Triton.
 
 The unit tests pin the config that is written; the integration tests load the written models into
 one real server (explicit mode, nothing loaded at start) and check what notebook 04 teaches:
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from lab_backends import authoring, exercises, management
-from lab_backends.authoring import Tensor
-from lab_backends.client import infer
+from lab_backends.lessons import authoring, exercises, management
+from lab_backends.lessons.authoring import Tensor
+from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError, ModelConfigError
-from lab_backends.repository import parse_config
+from lab_backends.server.repository import parse_config
 
 # --------------------------------------------------------------------------------------------- unit
 
@@ -140,7 +140,7 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """One server on a scratch repository with nothing loaded: every test loads what it needs."""
-    from lab_backends.server import TritonServer
+    from lab_backends.server.triton_server import TritonServer
 
     repo = tmp_path_factory.mktemp("authoring-repo")
     forgetful = BATCHED.replace("self.family = pb_utils", "family = pb_utils").replace(

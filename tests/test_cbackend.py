@@ -23,12 +23,12 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from lab_backends import cbackend
-from lab_backends.client import infer
+from lab_backends.server import cbackend
+from lab_backends.client.infer import infer
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.repository import ModelConfig, config_text, read_config
-from lab_backends.server import TritonServer
+from lab_backends.server.repository import ModelConfig, config_text, read_config
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 C_MODELS = ["c_scale", "digits_preprocess_c"]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab_backends.docker_target import LAB_TRITON_IMAGE, NGC_TRITON_IMAGE
-from lab_backends.options import RESTRICTED_APIS, ServerOptions
+from lab_backends.server.docker import LAB_TRITON_IMAGE, NGC_TRITON_IMAGE
+from lab_backends.server.options import RESTRICTED_APIS, ServerOptions
 from lab_backends.paths import PROJECT_ROOT
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"
 NGC_PATTERN = re.compile(r"nvcr\.io/nvidia/tritonserver:[0-9][0-9.]*-py3")

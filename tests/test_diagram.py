@@ -1,4 +1,4 @@
-"""lab_backends.diagram: the scheduler/backend each config selects, and the figure that shows it."""
+"""lab_backends.lessons.diagram: the scheduler/backend each config selects, and the figure that shows it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from lab_backends import diagram
+from lab_backends.lessons import diagram
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.repository import ModelConfig, parse_config, read_config
+from lab_backends.server.repository import ModelConfig, parse_config, read_config
 
 
 def test_scheduler_follows_the_config() -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends import docker_target
-from lab_backends.docker_target import (
+from lab_backends.server import docker as docker_target
+from lab_backends.server.docker import (
     CONTAINER_BACKEND_DIR,
     LAB_TRITON_IMAGE,
     NGC_TRITON_IMAGE,
@@ -24,7 +24,7 @@ from lab_backends.docker_target import (
 )
 from lab_backends.errors import DockerUnavailableError
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 PORTS = (18000, 18001, 18002)
 

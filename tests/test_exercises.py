@@ -1,4 +1,4 @@
-"""lab_backends.exercises: every reference solution passes its checker against a real server, and
+"""lab_backends.lessons.exercises: every reference solution passes its checker against a real server, and
 the checkers reject wrong answers (a checker that cannot fail checks nothing)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends import exercises
+from lab_backends.lessons import exercises
 from lab_backends.errors import ExerciseError
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

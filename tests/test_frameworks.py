@@ -1,4 +1,4 @@
-"""lab_backends.frameworks against a real server: the two wrapped frameworks agree, loads and
+"""lab_backends.lessons.frameworks against a real server: the two wrapped frameworks agree, loads and
 thread timings produce sane rows, a CPU server is reported as GPU-less, and the notebook-05
 exercise accepts its solution and rejects wrong answers."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab_backends import exercises, frameworks
+from lab_backends.lessons import exercises, frameworks
 from lab_backends.digits import reference
 from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 MODELS = list(frameworks.WRAPPED.values())
 
@@ -83,7 +83,7 @@ def test_framework_agreement_exercise(server) -> None:
     assert result.passed and "150" in result.message
 
     def unchunked(srv, model, images):
-        from lab_backends.client import infer
+        from lab_backends.client.infer import infer
         return infer(srv, model, {"PIXELS": images.reshape(len(images), 64).astype(np.float32) / 8 - 1})["LOGITS"]
 
     def local(srv, model, images):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.repository import model_dirs, parse_config, read_config
+from lab_backends.server.repository import model_dirs, parse_config, read_config
 
 GPU_REPOSITORY = PROJECT_ROOT / "model_repository_gpu"
 CHECK_MODEL = PROJECT_ROOT / "scripts" / "gpu_check_models" / "gpu_torch"

@@ -20,13 +20,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from lab_backends import plots  # noqa: E402
+from lab_backends.measure import plots# noqa: E402
 from lab_backends.errors import LoadSettingError  # noqa: E402
-from lab_backends.load import example_inputs, run_closed, run_open  # noqa: E402
-from lab_backends.repository import read_config  # noqa: E402
+from lab_backends.measure.loadgen import example_inputs, run_closed, run_open  # noqa: E402
+from lab_backends.server.repository import read_config  # noqa: E402
 from lab_backends.paths import MODEL_REPOSITORY  # noqa: E402
-from lab_backends.server import TritonServer  # noqa: E402
-from lab_backends.sweep import NO_BATCHING, apply_config, derive_config, sweep  # noqa: E402
+from lab_backends.server.triton_server import TritonServer  # noqa: E402
+from lab_backends.measure.sweep import NO_BATCHING, apply_config, derive_config, sweep  # noqa: E402
 
 pytestmark = pytest.mark.server
 MODEL = "cost_model"
@@ -189,7 +189,7 @@ def test_batching_raises_throughput_in_a_tidy_sweep(fresh):
 
 
 def test_panel_runs_headlessly_and_reports_bad_settings(fresh):
-    from lab_backends.widgets import BatchingPanel
+    from lab_backends.lessons.widgets import BatchingPanel
 
     panel = BatchingPanel(fresh, MODEL, requests=60, duration_s=3)
     panel.concurrency.value = 8
@@ -228,8 +228,8 @@ def test_panel_runs_headlessly_and_reports_bad_settings(fresh):
 
 
 def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
-    from lab_backends.bench import BATCHING_COLUMNS, LOADGEN_COLUMNS, batching_bench
-    from lab_backends.loadgens import CYCLE_COLUMNS
+    from lab_backends.measure.bench import BATCHING_COLUMNS, LOADGEN_COLUMNS, batching_bench
+    from lab_backends.measure.reference_tools import CYCLE_COLUMNS
 
     out = batching_bench(tmp_path, models=[MODEL], progress=False, log=lambda m: None,
                          requests=40, duration_s=1.0, loadgen_s=1.0)
@@ -242,7 +242,7 @@ def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
     with open(out["paths"]["loadgen"]) as f:
         tools = {r["tool"]: r for r in csv.DictReader(f)}
     assert list(next(iter(tools.values()))) == LOADGEN_COLUMNS
-    assert "lab_backends.load http" in tools
+    assert "lab_backends.measure.loadgen http" in tools
     if shutil.which("wrk"):
         assert float(tools["wrk"]["throughput_rps"]) > 0
     with open(out["paths"]["cycle"]) as f:

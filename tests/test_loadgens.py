@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from lab_backends import stats
-from lab_backends.loadgens import batch_cycle, cost_parameters
+from lab_backends.measure import stats
+from lab_backends.measure.reference_tools import batch_cycle, cost_parameters
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.repository import ModelConfig
+from lab_backends.server.repository import ModelConfig
 
 DATA = Path(__file__).resolve().parent / "data" / "stats"
 

@@ -1,4 +1,4 @@
-"""lab_backends.management against a real Triton: versions, overrides, unload in flight, the locked API.
+"""lab_backends.lessons.management against a real Triton: versions, overrides, unload in flight, the locked API.
 
 One server per module (cost_model from the project repository plus a two-version model in a
 scratch repository); the tests run in file order and each leaves the models as it found them.
@@ -15,9 +15,9 @@ import socket
 import numpy as np
 import pytest
 
-from lab_backends import authoring, exercises, management
-from lab_backends.authoring import Tensor
-from lab_backends.client import infer
+from lab_backends.lessons import authoring, exercises, management
+from lab_backends.lessons.authoring import Tensor
+from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError, LabBackendsError
 
 # --------------------------------------------------------------------------------------------- unit
@@ -50,7 +50,7 @@ def test_load_request_body_follows_the_protocol():
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     from lab_backends.paths import MODEL_REPOSITORY
-    from lab_backends.server import TritonServer
+    from lab_backends.server.triton_server import TritonServer
 
     repo = tmp_path_factory.mktemp("management-repo")
     authoring.write_model(repo, management.VERSIONED_SOURCE, management.versioned_config("versioned"), versions=(1, 2))

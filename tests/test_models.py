@@ -20,11 +20,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.client import infer
+from lab_backends.client.infer import infer
 from lab_backends.digits import build_models, normalize
 from lab_backends.digits.reference import onnx_logits, top_k, torch_logits
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from lab_backends.digits import build_models
 from lab_backends.digits.build import BACKENDS_SOURCE, GPU_REPOSITORY
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.repository import read_config
+from lab_backends.server.repository import read_config
 
 CONFIGS = sorted(PROJECT_ROOT.glob("model_repository*/*/config.pbtxt"))
 T = mc.DataType

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from lab_backends.client import infer
+from lab_backends.client.infer import infer
 from lab_backends.digits import build, build_models, normalize
 from lab_backends.digits.classic import CLASSIC_MODELS, predict_proba
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY
-from lab_backends.repository import config_text, read_config
-from lab_backends.server import TritonServer
+from lab_backends.server.repository import config_text, read_config
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -17,11 +17,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.client import infer, make_inputs
+from lab_backends.client.infer import infer, make_inputs
 from lab_backends.digits.reference import softmax
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.repository import read_config
-from lab_backends.server import TritonServer
+from lab_backends.server.repository import read_config
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 

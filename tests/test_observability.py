@@ -1,13 +1,14 @@
-"""lab_backends.observability against a real server: response cache, rate limiter, summary latencies."""
+"""lab_backends.lessons.observability against a real server: response cache, rate limiter, summary latencies."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lab_backends import load, observability, stats
+from lab_backends.measure import loadgen, stats
+from lab_backends.lessons import observability
 from lab_backends.errors import LoadSettingError, StatisticsError
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 
@@ -43,7 +44,7 @@ def test_rate_limiter_makes_instances_take_turns(server) -> None:
     for label, resources in (("free", None), ("limited", {"R": 1})):
         config = observability.rate_limited(server, "cost_model", instances=2, resources=resources)
         assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
-        results[label] = load.run_closed(server, "cost_model", concurrency=4, inputs={"INPUT0": X},
+        results[label] = loadgen.run_closed(server, "cost_model", concurrency=4, inputs={"INPUT0": X},
                                          requests=1000, duration_s=2.0, warmup_requests=8)
     served = server.model_config("cost_model").instance_group[0].rate_limiter.resources
     assert [(r.name, r.count) for r in served] == [("R", 1)]
@@ -57,7 +58,7 @@ def test_rate_limiter_makes_instances_take_turns(server) -> None:
 
 
 def test_summary_quantiles(server) -> None:
-    result = load.run_closed(server, "cost_model", concurrency=2, inputs={"INPUT0": X}, requests=40,
+    result = loadgen.run_closed(server, "cost_model", concurrency=2, inputs={"INPUT0": X}, requests=40,
                              duration_s=2.0, warmup_requests=2)
     text = stats.scrape_metrics(server)
     quantiles = observability.summary_quantiles(text, "cost_model")
@@ -88,7 +89,7 @@ def test_rows_since_waits_for_the_release_and_no_longer(server) -> None:
     """Triton counts a request at release, after the response: rows_since waits for it, within a bound."""
     import time
 
-    from lab_backends.client import infer
+    from lab_backends.client.infer import infer
 
     before = stats.inference_count(server, "cost_model")
     fresh = np.random.default_rng().random((3, 16), dtype=np.float32)  # never a response-cache hit

@@ -1,4 +1,4 @@
-"""lab_backends.pipelines against a real, traced server: ensemble, BLS and client give the same
+"""lab_backends.lessons.pipelines against a real, traced server: ensemble, BLS and client give the same
 answer, control is shown from config and code, the traces have parents and children, and the
 notebook-06 exercise accepts its solution and rejects wrong answers."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lab_backends import exercises, frameworks, pipelines, trace
+from lab_backends.lessons import exercises, frameworks, pipelines
+from lab_backends.measure import trace
 from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 
 @pytest.fixture(scope="module")

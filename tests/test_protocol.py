@@ -1,4 +1,4 @@
-"""lab_backends.protocol: hand-built KServe v2 requests, checked byte by byte and against a real server."""
+"""lab_backends.client.protocol: hand-built KServe v2 requests, checked byte by byte and against a real server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from lab_backends import protocol
+from lab_backends.client import protocol
 from lab_backends.errors import ProtocolError
 
 

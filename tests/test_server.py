@@ -16,8 +16,8 @@ import numpy as np
 import psutil
 import pytest
 
-from lab_backends import bundle
-from lab_backends.client import infer
+from lab_backends.server import bundle
+from lab_backends.client.infer import infer
 from lab_backends.errors import (
     EnvironmentMismatchError,
     ModelLoadError,
@@ -27,9 +27,9 @@ from lab_backends.errors import (
     ServerStartupTimeoutError,
 )
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.ports import free_ports
-from lab_backends.processes import SHM_DIR, group_members
-from lab_backends.server import TritonServer
+from lab_backends.server.ports import free_ports
+from lab_backends.server.processes import SHM_DIR, group_members
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent

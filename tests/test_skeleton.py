@@ -45,7 +45,7 @@ def test_ensemble_version_folders_are_tracked():
     """git drops empty folders; an ensemble whose '1/' is missing in a clone fails to load."""
     import subprocess
 
-    from lab_backends.repository import model_dirs, read_config
+    from lab_backends.server.repository import model_dirs, read_config
 
     for repo in ("model_repository", "model_repository_gpu"):
         for name, folder in model_dirs([ROOT / repo]).items():

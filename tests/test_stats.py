@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends import stats
+from lab_backends.measure import stats
 from lab_backends.errors import StatisticsError
 
 DATA = Path(__file__).resolve().parent / "data" / "stats"

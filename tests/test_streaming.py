@@ -1,4 +1,4 @@
-"""lab_backends.streaming and lab_backends.sequences against a real server (stream_topk, running_mean)."""
+"""lab_backends.client.streaming and lab_backends.client.sequences against a real server (stream_topk, running_mean)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lab_backends import exercises, sequences, streaming
+from lab_backends.lessons import exercises
+from lab_backends.client import sequences, streaming
 from lab_backends.digits.reference import softmax
 from lab_backends.errors import ExerciseError, SequenceError, StreamingError
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 
@@ -103,7 +104,7 @@ def test_exercise_accepts_the_solution_and_rejects_wrong_answers(server) -> None
         return means
 
     def one_request_each(srv, seqs):
-        from lab_backends.client import infer
+        from lab_backends.client.infer import infer
 
         return {c: float(infer(srv, "running_mean", {"VALUE": np.array(v, np.float32).reshape(-1, 1)},
                                sequence_id=c, sequence_start=True, sequence_end=True)["MEAN"][-1, 0])

@@ -1,4 +1,4 @@
-"""lab_backends.trace: unit tests on trace files recorded from a real tritonserver 2.51
+"""lab_backends.measure.trace: unit tests on trace files recorded from a real tritonserver 2.51
 (tests/data/traces, made by tests/record_traces.py), then one integration run against a live server.
 """
 
@@ -15,11 +15,11 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from lab_backends import trace
-from lab_backends.client import infer
+from lab_backends.measure import trace
+from lab_backends.client.infer import infer
 from lab_backends.errors import TraceError
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.plots_trace import stage_bars, waterfall
+from lab_backends.measure.plots_trace import stage_bars, waterfall
 from trace_models import BLS, CACHED, ENSEMBLE, write_cached_model, write_trace_models
 
 DATA = Path(__file__).parent / "data" / "traces"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab_backends.repository import ModelConfig, config_text
+from lab_backends.server.repository import ModelConfig, config_text
 from tritonclient.grpc import model_config_pb2 as pb
 
 ENSEMBLE = "trace_ensemble"
@@ -73,7 +73,7 @@ CACHED = "trace_cached"
 
 def write_cached_model(repo: Path, source: Path) -> Path:
     """A copy of ``cost_model`` (from ``source``) named ``trace_cached`` with the response cache on."""
-    from lab_backends.repository import read_config
+    from lab_backends.server.repository import read_config
 
     repo = Path(repo)
     config = read_config(source)

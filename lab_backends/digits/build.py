@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..paths import BACKEND_DIR, BUILD_DIR, MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.paths import BACKEND_DIR, BUILD_DIR, MODEL_REPOSITORY, PROJECT_ROOT
 
 ARTIFACT_DIR = BUILD_DIR / "models" / "digits"
 GPU_REPOSITORY = PROJECT_ROOT / "model_repository_gpu"

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lab_backends.client import infer
+from lab_backends.client.infer import infer
 
 
 def answer(server, model, images):

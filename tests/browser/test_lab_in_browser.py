@@ -117,7 +117,7 @@ def _stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
 def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """``lab-backends lab`` on a free port with a token; its kernels and servers stopped by PID after."""
     _skip_without_chromium()
-    from lab_backends.ports import free_ports
+    from lab_backends.server.ports import free_ports
 
     settings = tmp_path / "lab-settings"
     for plugin, values in LAB_SETTINGS.items():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server import TritonServer
+from lab_backends.server.triton_server import TritonServer
 
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 REPOSITORIES = [TEST_MODELS, MODEL_REPOSITORY]
@@ -32,7 +32,7 @@ def fast_cost_model(server: TritonServer) -> None:
 
 def known_good(server: TritonServer, protocol: str = "grpc") -> None:
     """Assert the server still serves: one request with a known answer."""
-    from lab_backends.client import infer
+    from lab_backends.client.infer import infer
 
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     out = infer(server, "rel_double", {"INPUT0": x}, protocol=protocol)["OUTPUT0"]

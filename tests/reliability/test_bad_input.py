@@ -15,8 +15,8 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.client import infer
-from lab_backends.server import _http_post
+from lab_backends.client.infer import infer
+from lab_backends.server.triton_server import _http_post
 
 from .conftest import known_good
 

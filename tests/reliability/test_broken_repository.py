@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from lab_backends.errors import ModelLoadError
-from lab_backends.health import preflight
-from lab_backends.processes import SHM_DIR, SHM_PREFIX, remove_shm
-from lab_backends.repository import config_text, read_config
-from lab_backends.server import TritonServer
+from lab_backends.server.health import preflight
+from lab_backends.server.processes import SHM_DIR, SHM_PREFIX, remove_shm
+from lab_backends.server.repository import config_text, read_config
+from lab_backends.server.triton_server import TritonServer
 
 from .conftest import known_good
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from lab_backends.processes import alive, group_members
-from lab_backends.server import TritonServer
+from lab_backends.server.processes import alive, group_members
+from lab_backends.server.triton_server import TritonServer
 
 from .conftest import REPOSITORIES
 from .driver import Target, plan, run_load

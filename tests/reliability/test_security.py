@@ -25,11 +25,11 @@ import psutil
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.options import RESTRICTED_APIS
+from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.paths import PROJECT_ROOT
-from lab_backends.ports import free_ports
-from lab_backends.processes import alive, group_members
-from lab_backends.server import TritonServer, _http_get, _http_post
+from lab_backends.server.ports import free_ports
+from lab_backends.server.processes import alive, group_members
+from lab_backends.server.triton_server import TritonServer, _http_get, _http_post
 
 from .conftest import REPOSITORIES, known_good
 

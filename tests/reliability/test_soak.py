@@ -13,7 +13,7 @@ import os
 import psutil
 import pytest
 
-from lab_backends.processes import group_members
+from lab_backends.server.processes import group_members
 
 from .conftest import fast_cost_model
 from .driver import LoadResult, Target, plan, run_load

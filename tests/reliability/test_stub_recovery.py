@@ -1,4 +1,4 @@
-"""A killed Python stub: Triton hides it, :mod:`lab_backends.health` finds it, recovers, and says so.
+"""A killed Python stub: Triton hides it, :mod:`lab_backends.server.health` finds it, recovers, and says so.
 
 Measured on 2.51 and checked again here: after a stub dies the model is still READY and every
 request fails with ``Stub process '<instance>' is not healthy``; only unload + load brings it back.
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from lab_backends import health
-from lab_backends.client import infer
+from lab_backends.server import health
+from lab_backends.client.infer import infer
 from lab_backends.errors import StubCrashedError
-from lab_backends.processes import SHM_DIR
-from lab_backends.server import TritonServer
+from lab_backends.server.processes import SHM_DIR
+from lab_backends.server.triton_server import TritonServer
 
 from .conftest import REPOSITORIES
 

@@ -13,7 +13,7 @@ from typing import Iterable
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from .errors import ModelConfigError
+from lab_backends.errors import ModelConfigError
 
 ModelConfig = model_config_pb2.ModelConfig
 

@@ -6,7 +6,7 @@ Three targets sit behind the same interface:
   child process on free ports of 127.0.0.1, with a watchdog so it never outlives its owner;
 * ``remote``: an existing server at ``TRITON_URL`` (e.g. the GPU Triton from docker-compose);
   nothing is started or stopped;
-* ``docker``: the NGC image through the Docker SDK (see :mod:`lab_backends.docker_target`).
+* ``docker``: the NGC image through the Docker SDK (see :mod:`lab_backends.server.docker`).
 
 Usage::
 
@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import bundle as _bundle
-from . import rest
-from .errors import (
+from lab_backends.server import bundle as _bundle
+from lab_backends import rest
+from lab_backends.errors import (
     LabBackendsError,
     ModelLoadError,
     PortInUseError,
@@ -37,12 +37,12 @@ from .errors import (
     ServerExitedError,
     ServerStartupTimeoutError,
 )
-from .options import ServerOptions
-from .paths import BACKEND_DIR, MODEL_REPOSITORY, RUNS_DIR
-from .ports import LOCALHOST, free_ports, port_is_free
-from .processes import stop_group
-from .repository import config_problem, model_dirs, preflight
-from .waiting import poll
+from lab_backends.server.options import ServerOptions
+from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY, PROJECT_ROOT, RUNS_DIR
+from lab_backends.server.ports import LOCALHOST, free_ports, port_is_free
+from lab_backends.server.processes import stop_group
+from lab_backends.server.repository import config_problem, model_dirs, preflight
+from lab_backends.waiting import poll
 
 TARGETS = ("local", "remote", "docker")
 _BIND_FAILURE = re.compile(r"(?i)(address already in use|failed to (start|bind)|Socket '.*' already in use)")
@@ -66,7 +66,7 @@ def _http_post(url: str, body: bytes, headers: dict[str, str], timeout: float = 
 class TritonServer:
     """A real Triton server: started here (``local``/``docker``) or found (``remote``).
 
-    Parameters worth knowing (the rest are :class:`~lab_backends.options.ServerOptions` fields):
+    Parameters worth knowing (the rest are :class:`~lab_backends.server.options.ServerOptions` fields):
 
     * ``model_repository``: a folder or a list of folders (default: this project's repository);
     * ``models``: load only these (much faster than all: eight torch models take ~23 s);
@@ -239,7 +239,7 @@ class TritonServer:
         if self.target == "remote":
             self._check_remote()
         elif self.target == "docker":
-            from .docker_target import start_container
+            from lab_backends.server.docker import start_container
 
             self._pick_ports()
             self._container = start_container(self)
@@ -253,7 +253,7 @@ class TritonServer:
         """Stop what we started, by PID, and wait for it: server, stubs, watchdog, shm files."""
         self._close_clients()
         if self.target == "docker" and self._container is not None:
-            from .docker_target import stop_container
+            from lab_backends.server.docker import stop_container
 
             stop_container(self._container, self.options.exit_timeout_s)
             self._container = None
@@ -324,12 +324,12 @@ class TritonServer:
             finally:
                 log.close()
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "lab_backends.watchdog", str(os.getpid()), str(self.process.pid),
+                [sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()), str(self.process.pid),
                  str(self.options.exit_timeout_s + 5)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                cwd=str(Path(__file__).resolve().parent.parent),
+                cwd=str(PROJECT_ROOT),
                 start_new_session=True,
             )
             self._finalizer = weakref.finalize(
@@ -481,7 +481,7 @@ class TritonServer:
         partial one. Without ``config``, a model loaded with an override keeps it unless its files
         changed on disk: unload it first to go back to ``config.pbtxt``.
         """
-        from .repository import ModelConfig, config_json
+        from lab_backends.server.repository import ModelConfig, config_json
 
         from tritonclient.utils import InferenceServerException
 
@@ -504,7 +504,7 @@ class TritonServer:
 
     def model_config(self, name: str):
         """The config the server is using for ``name``, as a ``ModelConfig`` protobuf."""
-        from .repository import config_from_json
+        from lab_backends.server.repository import config_from_json
 
         return config_from_json(self.http_client.get_model_config(name))
 

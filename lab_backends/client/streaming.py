@@ -26,8 +26,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .client import make_inputs
-from .errors import StreamingError
+from lab_backends.client.infer import make_inputs
+from lab_backends.errors import StreamingError
 
 #: Keys that ``generate_stream`` adds to every event besides the model's outputs.
 SSE_META = ("model_name", "model_version", "id", "parameters")

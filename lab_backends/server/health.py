@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .bundle import STUB_NAME
-from .errors import LabBackendsError, StubCrashedError
-from .processes import SHM_PREFIX, group_members, remove_shm
+from lab_backends.server.bundle import STUB_NAME
+from lab_backends.errors import LabBackendsError, StubCrashedError
+from lab_backends.server.processes import SHM_PREFIX, group_members, remove_shm
 
 #: Triton's words for a request that reached an instance whose stub is gone (2.51).
 _STUB_UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
@@ -183,7 +183,7 @@ def ensure_stubs_healthy(server: Any, models: Iterable[str] | None = None) -> No
         listing = "; ".join(f"{m}: {', '.join(names)}" for m, names in sorted(dead.items()))
         raise StubCrashedError(
             f"Python stub process(es) died: {listing}. Triton still reports these models READY but "
-            "every request to them fails. Fix: lab_backends.health.recover(server, model) reloads a "
+            "every request to them fails. Fix: lab_backends.server.health.recover(server, model) reloads a "
             "model (or restart the server)."
         )
 
@@ -208,7 +208,7 @@ def model_of_instance(server: Any, instance: str) -> str:
 
 # ---------------------------------------------------------------------------- preflight
 # The check lives with the other model-folder knowledge; TritonServer runs it before every start.
-from .repository import missing_model_file, preflight  # noqa: E402,F401  (re-exported)
+from lab_backends.server.repository import missing_model_file, preflight  # noqa: E402,F401  (re-exported)
 
 
 # ---------------------------------------------------------------------------- recovery
@@ -285,13 +285,13 @@ def infer_with_recovery(
     notify: Notify | None = _to_stderr,
     **kwargs: Any,
 ) -> dict:
-    """:func:`lab_backends.client.infer`, but a crashed stub is recovered once and the call retried.
+    """:func:`lab_backends.client.infer.infer`, but a crashed stub is recovered once and the call retried.
 
     The crashed instance may belong to another model than ``model`` (a step of an ensemble or a
     BLS call): the model that owns it is the one reloaded. A second failure of the same kind raises
     :class:`StubCrashedError`; every other error propagates unchanged.
     """
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     try:
         return infer(server, model, inputs, **kwargs)

@@ -1,7 +1,7 @@
 """Waterfall plots of traced requests: one row per request, one coloured bar per stage.
 
-Kept apart from :mod:`lab_backends.plots` (load and latency figures) because it only needs the
-tidy stage table of :mod:`lab_backends.trace`, nothing about load generation.
+Kept apart from :mod:`lab_backends.measure.plots` (load and latency figures) because it only needs the
+tidy stage table of :mod:`lab_backends.measure.trace`, nothing about load generation.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import TraceError
-from .trace import EXTRA_STAGES, STAGES
+from lab_backends.errors import TraceError
+from lab_backends.measure.trace import EXTRA_STAGES, STAGES
 
 #: One colour per stage, stable across figures so that "queue" is always the same orange.
 STAGE_COLORS = {

@@ -12,7 +12,7 @@ Writes four files (default folder ``bench/``):
 * ``batching.png``: throughput, latency and batch sizes per model;
 * ``cycle.csv``: for each load generator on the dynamic ``cost_model``, where one batch's cycle
   goes (the model's cost, the Python backend's hand-off, the turnaround through client and front
-  end) and the fraction of the ceiling the server alone allows (:mod:`lab_backends.loadgens`).
+  end) and the fraction of the ceiling the server alone allows (:mod:`lab_backends.measure.reference_tools`).
 
 This is a benchmark, not a test: it asserts nothing, it prints the targets next to what it measured.
 """
@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .loadgens import CYCLE_COLUMNS, compare_loadgens, cost_model_ceiling
-from .paths import MODEL_REPOSITORY, PROJECT_ROOT
-from .sweep import NO_BATCHING, sweep
+from lab_backends.measure.reference_tools import CYCLE_COLUMNS, compare_loadgens, cost_model_ceiling
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.measure.sweep import NO_BATCHING, sweep
 
 BATCHING_COLUMNS = ["model", "protocol", "batching", "concurrency", "requests", "throughput_rps",
                     "p50_ms", "p90_ms", "p99_ms", "avg_batch"]
@@ -87,7 +87,7 @@ def batching_bench(
     Each point is bounded by ``requests`` and ``duration_s`` (defaults: 1500 / 10 s, ``quick``:
     300 / 3 s); each load generator runs ``loadgen_s`` (10 s, ``quick``: 3 s).
     """
-    from .server import TritonServer
+    from lab_backends.server.triton_server import TritonServer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def figure(frame: pd.DataFrame) -> Any:
     """One row per model: throughput and p50/p99 vs concurrency, without and with batching."""
     from matplotlib.figure import Figure
 
-    from . import plots
+    from lab_backends.measure import plots
 
     models = list(dict.fromkeys(frame["model"])) or ["(none)"]
     fig = Figure(figsize=(12, 4 * len(models)))
@@ -190,7 +190,7 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | 
     for model in dict.fromkeys(loadgen.get("model", [])):
         part = loadgen[loadgen.model == model]
         tools = dict(zip(part.tool, part.throughput_rps))
-        if "wrk" in tools and "lab_backends.load http" in tools:
+        if "wrk" in tools and "lab_backends.measure.loadgen http" in tools:
             note = "(target >= 0.9)" if model == "cost_model" else "(diagnostic: no model cost, the clients share the cores)"
-            lines.append(f"- {model}: our HTTP generator / wrk = {tools['lab_backends.load http'] / tools['wrk']:.2f} {note}")
+            lines.append(f"- {model}: our HTTP generator / wrk = {tools['lab_backends.measure.loadgen http'] / tools['wrk']:.2f} {note}")
     return "\n".join(lines)

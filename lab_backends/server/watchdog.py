@@ -5,7 +5,7 @@ separate process in its own session that polls two things: its parent (the owner
 When the owner disappears it stops the server's process group and removes the server's
 ``/dev/shm`` regions; when the server is gone it simply exits.
 
-Run as ``python -m lab_backends.watchdog OWNER_PID SERVER_PID GRACE_S``.
+Run as ``python -m lab_backends.server.watchdog OWNER_PID SERVER_PID GRACE_S``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from .processes import alive, children, group_members, remove_shm, shm_regions, stop_group
+from lab_backends.server.processes import alive, children, group_members, remove_shm, shm_regions, stop_group
 
 POLL_S = 0.2
 #: Reading the stubs' command lines costs more than a liveness check: do it every N polls.

@@ -24,9 +24,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tritonclient.grpc import model_config_pb2
 
-from . import rest
-from .errors import LabBackendsError, ModelLoadError
-from .repository import ModelConfig, config_json
+from lab_backends import rest
+from lab_backends.errors import LabBackendsError, ModelLoadError
+from lab_backends.server.repository import ModelConfig, config_json
 
 #: A Python model whose every version answers with its own version number: which version served a
 #: request is then visible in the response, not only in the server's bookkeeping.
@@ -53,7 +53,7 @@ class TritonPythonModel:
 
 def versioned_config(name: str, versions_policy: model_config_pb2.ModelVersionPolicy | None = None) -> ModelConfig:
     """The config of :data:`VERSIONED_SOURCE`: X FP32 [1] -> VERSION INT32 [1], batching up to 8."""
-    from .authoring import Tensor, python_config
+    from lab_backends.lessons.authoring import Tensor, python_config
 
     config = python_config(name, [Tensor("X", "FP32", [1])], [Tensor("VERSION", "INT32", [1])], max_batch_size=8)
     if versions_policy is not None:
@@ -152,7 +152,7 @@ def infer_version(server: Any, name: str, version: int | None = None, protocol: 
     """Ask ``name`` (``version`` or the server's choice) and return the VERSION it answered with."""
     import numpy as np
 
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     kwargs = {"model_version": str(version)} if version is not None else {}
     out = infer(server, name, {"X": np.zeros((1, 1), np.float32)}, protocol=protocol, **kwargs)
@@ -244,7 +244,7 @@ def unload_during_request(
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     box: dict[str, Any] = {}
 

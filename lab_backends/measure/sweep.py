@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import pandas as pd
 from google.protobuf import json_format
 
-from .errors import LoadSettingError, ModelLoadError
-from .load import run_closed, run_open
-from .repository import ModelConfig
+from lab_backends.errors import LoadSettingError, ModelLoadError
+from lab_backends.measure.loadgen import run_closed, run_open
+from lab_backends.server.repository import ModelConfig
 
 #: An override: field -> new value (JSON form, ``None`` removes the field), a function of the
 #: current config, a complete ``ModelConfig``, or ``None`` for "as it is".

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import DockerUnavailableError
-from .paths import PROJECT_ROOT, RUNS_DIR
+from lab_backends.errors import DockerUnavailableError
+from lab_backends.paths import PROJECT_ROOT, RUNS_DIR
 
 #: The one pinned NGC tag (Triton 2.51 = release 24.10, the version the embedded wheel carries).
 #: docker-compose.yml, docker/triton.Dockerfile, README.md and docs/gpu.md cite the same string
@@ -85,7 +85,7 @@ def _container_repositories(repositories: list[Path]) -> list[tuple[Path, str]]:
 def container_spec(server: Any, gpus: bool | None = None) -> dict[str, Any]:
     """Keyword arguments for ``docker.from_env().containers.run`` that start ``server`` in a container.
 
-    ``server`` is a :class:`~lab_backends.server.TritonServer` whose host ports are already picked.
+    ``server`` is a :class:`~lab_backends.server.triton_server.TritonServer` whose host ports are already picked.
     ``gpus=None`` detects them (:func:`gpus_available`); ``True``/``False`` forces the choice.
     The repositories are mounted read-only; a trace file, if asked for, gets its folder mounted
     read-write at ``/traces`` so the notebook on the host can read what the server writes.
@@ -232,7 +232,7 @@ def start_container(server: Any) -> Any:
     if container.status == "exited":
         logs = container.logs(tail=25).decode(errors="replace")
         stop_container(container, 0)
-        from .errors import ServerExitedError
+        from lab_backends.errors import ServerExitedError
 
         raise ServerExitedError.with_log(f"container {spec['name']} exited at once", logs)
     return container

@@ -21,8 +21,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EnvironmentMismatchError, ServerBinaryNotFoundError
-from .paths import BACKEND_DIR
+from lab_backends.errors import EnvironmentMismatchError, ServerBinaryNotFoundError
+from lab_backends.paths import BACKEND_DIR
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
@@ -120,7 +120,7 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
 def prepare_backend_dir(bundle: Bundle, backend_dir: Path = BACKEND_DIR) -> Path:
     """Lay out ``backend_dir/python`` with the Python backend and the stub for this Python.
 
-    C backends built by :mod:`lab_backends.cbackend` live beside it in ``backend_dir/<name>/``.
+    C backends built by :mod:`lab_backends.server.cbackend` live beside it in ``backend_dir/<name>/``.
     """
     target = backend_dir / "python"
     target.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from .errors import BackendBuildError
-from .paths import BACKEND_DIR, PROJECT_ROOT
+from lab_backends.errors import BackendBuildError
+from lab_backends.paths import BACKEND_DIR, PROJECT_ROOT
 
 #: Where the C backends live: ``c_backends/<name>/<name>.c``, plus shared headers in ``include/``.
 C_BACKENDS_DIR = PROJECT_ROOT / "c_backends"
@@ -53,7 +53,7 @@ def _compiler(compiler: str | None) -> str:
 
 
 def _server_library() -> Path:
-    from .bundle import find_bundle
+    from lab_backends.server.bundle import find_bundle
 
     return find_bundle().server_library()
 

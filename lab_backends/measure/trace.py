@@ -47,8 +47,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from . import rest
-from .errors import TraceError
+from lab_backends import rest
+from lab_backends.errors import TraceError
 
 #: The stages of one request, in the order a request goes through them.
 STAGES = ("receive", "queue", "compute_input", "infer", "output", "send")
@@ -384,7 +384,7 @@ def send_burst(server: Any, model: str, inputs: dict, n: int, prefix: str = "bur
     """
     import threading
 
-    from .client import make_inputs
+    from lab_backends.client.infer import make_inputs
 
     if not 1 <= n <= 1000:
         raise TraceError(f"a burst of {n} requests is out of range: use 1..1000")

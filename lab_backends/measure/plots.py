@@ -1,7 +1,7 @@
 """Matplotlib views of load results: what batching does to latency, throughput and server time.
 
-Every function takes the tidy frame of :func:`lab_backends.sweep.sweep` (or a
-:class:`~lab_backends.load.LoadResult`), draws on the ``ax`` it is given (or a new one) and returns
+Every function takes the tidy frame of :func:`lab_backends.measure.sweep.sweep` (or a
+:class:`~lab_backends.measure.loadgen.LoadResult`), draws on the ``ax`` it is given (or a new one) and returns
 that ``ax``, so notebooks can compose them and the widget panel can redraw them in place.
 """
 

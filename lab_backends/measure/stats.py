@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from . import rest
-from .errors import StatisticsError
-from .waiting import poll
+from lab_backends import rest
+from lab_backends.errors import StatisticsError
+from lab_backends.waiting import poll
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")

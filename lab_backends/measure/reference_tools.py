@@ -25,17 +25,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import stats as _stats
-from .errors import LoadSettingError
-from .load import example_inputs, http_request_bytes, run_closed
-from .repository import ModelConfig
-from .sweep import apply_config
+from lab_backends.measure import stats as _stats
+from lab_backends.errors import LoadSettingError
+from lab_backends.measure.loadgen import example_inputs, http_request_bytes, run_closed
+from lab_backends.server.repository import ModelConfig
+from lab_backends.measure.sweep import apply_config
 
 #: Tools compared: (name, protocol for run_closed, or None for wrk).
 LOADGENS = (
-    ("lab_backends.load http", "http"),
+    ("lab_backends.measure.loadgen http", "http"),
     ("wrk", None),
-    ("lab_backends.load grpc", "grpc"),
+    ("lab_backends.measure.loadgen grpc", "grpc"),
     ("tritonclient.grpc.aio", "grpc-tritonclient"),
 )
 #: cost_model with no cost at all: then only the client and the server's per-request work remain.

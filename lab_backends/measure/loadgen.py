@@ -11,7 +11,7 @@ Two ways to offer load, because they answer different questions:
 
 Each run has a warm-up, then a measured window bounded by a request count *and* a time limit. The
 server's statistics are snapshotted right before and right after the window (with nothing in
-flight), so the server-side breakdown (:mod:`lab_backends.stats`) covers exactly the same requests.
+flight), so the server-side breakdown (:mod:`lab_backends.measure.stats`) covers exactly the same requests.
 
 Why it is fast enough: a plain ``tritonclient`` aio client spends most of its CPU building
 ``InferInput`` objects, serializing numpy arrays and wrapping results, per request, on the same two
@@ -33,8 +33,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import LoadSettingError
-from . import stats as _stats
+from lab_backends.errors import LoadSettingError
+from lab_backends.measure import stats as _stats
 
 PROTOCOLS = ("grpc", "http")
 #: ``grpc-tritonclient`` is the stock ``tritonclient.grpc.aio`` client, kept as a baseline to compare.

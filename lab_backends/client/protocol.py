@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from . import rest
-from .errors import ProtocolError
+from lab_backends import rest
+from lab_backends.errors import ProtocolError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

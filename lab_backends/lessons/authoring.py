@@ -20,10 +20,10 @@ from typing import Any, Mapping, Sequence
 
 from tritonclient.grpc import model_config_pb2
 
-from .errors import ModelConfigError
-from .repository import ModelConfig, config_text, read_config
-from .stats import parse_metrics, scrape_metrics
-from .waiting import poll
+from lab_backends.errors import ModelConfigError
+from lab_backends.server.repository import ModelConfig, config_text, read_config
+from lab_backends.measure.stats import parse_metrics, scrape_metrics
+from lab_backends.waiting import poll
 
 #: Triton data types a learner's tensors may use here (the ``TYPE_`` prefix is added for you).
 DTYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES")
@@ -172,7 +172,7 @@ def send_together(
     A failed request's slot holds the exception the client raised, so a notebook can show which
     requests of a batch failed and why.
     """
-    from .client import make_inputs
+    from lab_backends.client.infer import make_inputs
 
     results: "queue.Queue[tuple[int, Any, Any]]" = queue.Queue()
     grpc = server.grpc_client

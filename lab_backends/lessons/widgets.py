@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from . import plots
-from .errors import LabBackendsError, LoadSettingError, ModelLoadError
-from .load import LoadResult, run_closed
-from .sweep import apply_config
+from lab_backends.measure import plots
+from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
+from lab_backends.measure.loadgen import LoadResult, run_closed
+from lab_backends.measure.sweep import apply_config
 
 
 def parse_batch_sizes(text: str) -> list[int]:

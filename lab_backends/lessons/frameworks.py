@@ -24,8 +24,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from . import stats as _stats
-from .errors import LabBackendsError
+from lab_backends.measure import stats as _stats
+from lab_backends.errors import LabBackendsError
 
 #: The Python-wrapped models, by framework.
 WRAPPED = {"torch": "digits_torch", "onnx": "digits_onnx"}
@@ -77,7 +77,7 @@ def served_logits(server: Any, model: str, pixels: np.ndarray, max_batch: int = 
     Why chunks: a request larger than the model's ``max_batch_size`` is refused (HTTP 400), so a
     client with more rows than that must split them and stitch the answers back in order.
     """
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     spec = served(model)
     pixels = np.ascontiguousarray(pixels, dtype=np.float32)
@@ -130,14 +130,14 @@ def side_by_side(
     Every model gets the same inputs (real held-out digits) and the same load; models alternate
     within each concurrency so that a noisy neighbour on the machine hurts both alike.
     """
-    from . import load
+    from lab_backends.measure import loadgen
 
     _, _, pixels = held_out()
     rows = []
     for concurrency in concurrencies:
         for model in models:
             spec = served(model)
-            result = load.run_closed(
+            result = loadgen.run_closed(
                 server, model, concurrency, inputs={spec.input: pixels[:batch]}, outputs=[spec.output],
                 requests=requests, duration_s=duration_s, warmup_requests=warmup_requests, warmup_s=1.0,
             )
@@ -241,7 +241,7 @@ def gpu_status(server: Any) -> GpuStatus:
     Either is enough: Triton's ``nv_gpu_*`` metrics need DCGM, which may not start even on a GPU
     machine, while a ``KIND_GPU`` instance cannot load at all without a GPU.
     """
-    from .stats import scrape_metrics
+    from lab_backends.measure.stats import scrape_metrics
 
     evidence = []
     try:
@@ -286,7 +286,7 @@ EXERCISE_ROWS = 150
 
 
 def check_agreement_answer(answer: Any, server: Any) -> str:
-    """Checker of exercise ``framework_agreement`` (registered in :mod:`lab_backends.exercises`).
+    """Checker of exercise ``framework_agreement`` (registered in :mod:`lab_backends.lessons.exercises`).
 
     The learner's ``logits_of(server, model, images)`` must get LOGITS for 150 raw images from the
     server (more rows than ``max_batch_size``: it has to split), for both frameworks; the answers
@@ -295,10 +295,10 @@ def check_agreement_answer(answer: Any, server: Any) -> str:
     """
     import contextlib
 
-    from .digits import reference
+    from lab_backends.digits import reference
     from .digits.data import normalize
-    from .errors import ExerciseError
-    from .server import TritonServer
+    from lab_backends.errors import ExerciseError
+    from lab_backends.server.triton_server import TritonServer
 
     models = tuple(WRAPPED.values())
     images, labels, _ = held_out()
@@ -341,7 +341,7 @@ def check_agreement_answer(answer: Any, server: Any) -> str:
 
 def pinning_lines() -> dict[str, list[str]]:
     """The lines of each wrapped model's ``model.py`` that pin framework threads (what the server runs)."""
-    from .paths import MODEL_REPOSITORY
+    from lab_backends.paths import MODEL_REPOSITORY
 
     return {
         model: [ln.strip() for ln in (MODEL_REPOSITORY / model / "1" / "model.py").read_text().splitlines()

@@ -13,7 +13,7 @@ Three server features that change *whether* and *when* a model runs, and what yo
 * **summary latencies** (``--metrics-config summary_latencies=true``): Prometheus summaries with
   quantiles (p50...p99.9) of request, queue and compute times, computed by the server itself.
 
-The configs are derived from the one the server uses now (see :mod:`lab_backends.management`),
+The configs are derived from the one the server uses now (see :mod:`lab_backends.lessons.management`),
 because an override on load replaces the whole config.
 """
 
@@ -26,10 +26,10 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from . import management
-from . import stats as _stats
-from .client import infer
-from .errors import LoadSettingError, StatisticsError
+from lab_backends.lessons import management
+from lab_backends.measure import stats as _stats
+from lab_backends.client.infer import infer
+from lab_backends.errors import LoadSettingError, StatisticsError
 
 # ---------------------------------------------------------------------------------- statistics
 

@@ -53,7 +53,7 @@ def infer(
 ) -> dict[str, np.ndarray]:
     """Run one inference and return every (or the named) output as numpy arrays.
 
-    ``server`` is a :class:`~lab_backends.server.TritonServer`; pass ``client`` to reuse your own.
+    ``server`` is a :class:`~lab_backends.server.triton_server.TritonServer`; pass ``client`` to reuse your own.
     Extra keyword arguments (``sequence_id``, ``headers``, ...) go to ``client.infer``.
     """
     module = _module(protocol)

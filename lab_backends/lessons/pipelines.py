@@ -23,9 +23,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from . import stats as _stats
-from .errors import LabBackendsError
-from .paths import MODEL_REPOSITORY
+from lab_backends.measure import stats as _stats
+from lab_backends.errors import LabBackendsError
+from lab_backends.paths import MODEL_REPOSITORY
 
 #: The three steps, as the ensemble and the BLS model call them (onnx by default).
 STEPS = ("digits_preprocess", "digits_onnx", "digits_postprocess")
@@ -69,7 +69,7 @@ def bls_source(function: str = "_pipeline", path: Path | None = None) -> str:
 def client_pipeline(server: Any, images: np.ndarray, framework: str = "onnx", protocol: str = "grpc",
                     request_id: str = "") -> dict[str, np.ndarray]:
     """The pipeline done by the client: three requests, tensors back and forth between them."""
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     if framework not in FRAMEWORKS:
         raise LabBackendsError(f"framework must be one of {sorted(FRAMEWORKS)}, not {framework!r}")
@@ -80,7 +80,7 @@ def client_pipeline(server: Any, images: np.ndarray, framework: str = "onnx", pr
 
 def run(server: Any, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = "") -> dict[str, np.ndarray]:
     """LABELS and PROBS for ``images``, computed one of the :data:`WAYS`."""
-    from .client import infer
+    from lab_backends.client.infer import infer
 
     kind, _, framework = way.partition(":")
     if way == "ensemble":
@@ -146,7 +146,7 @@ EXERCISE_ROWS = 24
 
 
 def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
-    """Checker of exercise ``ensemble_with_c_preprocess`` (registered in :mod:`lab_backends.exercises`).
+    """Checker of exercise ``ensemble_with_c_preprocess`` (registered in :mod:`lab_backends.lessons.exercises`).
 
     ``answer(config)`` gets a copy of ``digits_ensemble``'s config and returns the config (a
     ``ModelConfig`` or ``config.pbtxt`` text) of an ensemble named ``my_ensemble_c`` that runs
@@ -156,11 +156,11 @@ def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
     """
     import tempfile
 
-    from .client import infer
+    from lab_backends.client.infer import infer
     from .digits.data import load_split
-    from .errors import ExerciseError, ModelConfigError
-    from .repository import ModelConfig, config_text, parse_config, read_config
-    from .server import TritonServer
+    from lab_backends.errors import ExerciseError, ModelConfigError
+    from lab_backends.server.repository import ModelConfig, config_text, parse_config, read_config
+    from lab_backends.server.triton_server import TritonServer
 
     given = read_config(MODEL_REPOSITORY / "digits_ensemble")
     config = answer(given)

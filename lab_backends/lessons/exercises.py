@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import rest
-from .errors import ExerciseError, LabBackendsError
-from .paths import PROJECT_ROOT
+from lab_backends import rest
+from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.paths import PROJECT_ROOT
 
 SOLUTIONS_DIR = PROJECT_ROOT / "notebooks" / "solutions"
 
@@ -93,7 +93,7 @@ def check(name: str, answer: Any, server: Any = None, quiet: bool = False) -> Re
     """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None)."""
     ex = get(name)
     if server is None and ex.models:
-        from .server import TritonServer
+        from lab_backends.server.triton_server import TritonServer
 
         with TritonServer(models=list(ex.models)) as own:
             return check(name, answer, own, quiet)
@@ -187,7 +187,7 @@ def _check_kserve_json_body(answer: Callable[[np.ndarray], dict], server: Any) -
     "longest_queue",
     notebook="02_tracing_the_request_path",
     task=(
-        "Write longest_queue(log) that takes a lab_backends.trace.TraceLog and returns the request_id "
+        "Write longest_queue(log) that takes a lab_backends.measure.trace.TraceLog and returns the request_id "
         "of the top-level request that spent the longest time in the scheduler queue. The checker "
         "sends a burst of requests to cost_model on a traced server and compares your answer with "
         "the trace's QUEUE_START/COMPUTE_START stamps."
@@ -199,9 +199,9 @@ def _check_longest_queue(answer: Callable[[Any], str], server: Any) -> str:
     import tempfile
     import uuid
 
-    from . import trace
-    from .client import make_inputs
-    from .server import TritonServer
+    from lab_backends.measure import trace
+    from lab_backends.client.infer import make_inputs
+    from lab_backends.server.triton_server import TritonServer
 
     with contextlib.ExitStack() as stack:
         if server is None or server.trace_file is None or server.target != "local":
@@ -250,10 +250,10 @@ def _check_preprocess_backend(answer: str | None, server: Any) -> str:
     """Serve the learner's source on a server of our own: a broken model must not hurt theirs."""
     import tempfile
 
-    from . import authoring
+    from lab_backends.lessons import authoring
     from .digits.data import load_split, normalize
-    from .errors import ModelConfigError
-    from .server import TritonServer
+    from lab_backends.errors import ModelConfigError
+    from lab_backends.server.triton_server import TritonServer
 
     if answer is None or "NotImplementedError" in answer:
         raise NotImplementedError
@@ -324,9 +324,9 @@ CANARY_MODEL = "canary"
 def _check_canary_versions(answer: Callable[[Any, str], Any], server: Any) -> str:
     import tempfile
 
-    from . import authoring, management
-    from .client import infer
-    from .server import TritonServer
+    from lab_backends.lessons import authoring, management
+    from lab_backends.client.infer import infer
+    from lab_backends.server.triton_server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="exercise-canary-") as tmp:
         model_dir = authoring.write_model(
@@ -397,7 +397,7 @@ def _model_ready(server: Any, model: str) -> bool:
         "(int) to a list of float values; the lists have different lengths. Advance the sequences in turn: in "
         "each round send the next value of every sequence that still has one (one request per value, VALUE "
         "of shape [1, 1], FP32), with sequence_start on a sequence's first request and sequence_end on its "
-        "last. Return {correlation ID: the final MEAN the server answered}. Use lab_backends.client.infer "
+        "last. Return {correlation ID: the final MEAN the server answered}. Use lab_backends.client.infer.infer "
         "(its extra keyword arguments go to tritonclient: sequence_id=, sequence_start=, sequence_end=). "
         "The checker compares your means with its own, counts your requests in the statistics API, and "
         "checks that every sequence was ended."
@@ -408,9 +408,9 @@ def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: An
     """Random IDs and values each time, so a hard-coded answer cannot pass."""
     import contextlib
 
-    from . import sequences
-    from . import stats as _stats
-    from .server import TritonServer
+    from lab_backends.client import sequences
+    from lab_backends.measure import stats as _stats
+    from lab_backends.server.triton_server import TritonServer
 
     rng = np.random.default_rng()
     corrids = [int(c) for c in rng.choice(np.arange(10_000, 1_000_000), size=3, replace=False)]
@@ -467,7 +467,7 @@ def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: An
     models=("digits_torch", "digits_onnx"),
 )
 def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarray], server: Any) -> str:
-    from .frameworks import check_agreement_answer
+    from lab_backends.lessons.frameworks import check_agreement_answer
 
     return check_agreement_answer(answer, server)
 
@@ -486,7 +486,7 @@ def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarr
     models=(),
 )
 def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Any) -> str:
-    from .pipelines import check_ensemble_c_answer
+    from lab_backends.lessons.pipelines import check_ensemble_c_answer
 
     return check_ensemble_c_answer(answer, server)
 
@@ -515,9 +515,9 @@ def _check_tune_the_batcher(answer: Any, server: Any) -> str:
     """Relative throughput (machine speed cancels out), absolute p99 (the learner's bound)."""
     import contextlib
 
-    from .load import run_closed
-    from .server import TritonServer
-    from .sweep import apply_config, derive_config
+    from lab_backends.measure.loadgen import run_closed
+    from lab_backends.server.triton_server import TritonServer
+    from lab_backends.measure.sweep import apply_config, derive_config
 
     if answer is None:
         raise NotImplementedError

@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from . import stats as _stats
-from .client import infer
-from .errors import SequenceError
-from .stats import settled_statistics
+from lab_backends.measure import stats as _stats
+from lab_backends.client.infer import infer
+from lab_backends.errors import SequenceError
+from lab_backends.measure.stats import settled_statistics
 
 MODEL = "running_mean"
 
