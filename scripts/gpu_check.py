@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECK_MODELS = ROOT / "scripts" / "gpu_check_models"
 C_SCALE_CONFIG = ROOT / "model_repository" / "c_scale" / "config.pbtxt"
 PY_MODEL = "gpu_torch"
+CPU_TWIN = "cpu_torch"  # same model.py and work on KIND_CPU: the CPU figures beside the GPU ones
 C_MODEL = "c_scale"
 
 
@@ -460,6 +461,10 @@ def run(args: argparse.Namespace, report: dict) -> dict:
         log(report["py_skipped"])
     else:
         shutil.copytree(CHECK_MODELS / PY_MODEL, repo / PY_MODEL, ignore=shutil.ignore_patterns("__pycache__"))
+        if not args.cpu_smoke:  # the smoke test is on a CPU already
+            (repo / CPU_TWIN / "1").mkdir(parents=True)
+            shutil.copy2(CHECK_MODELS / CPU_TWIN / "config.pbtxt", repo / CPU_TWIN / "config.pbtxt")
+            shutil.copy2(CHECK_MODELS / PY_MODEL / "1" / "model.py", repo / CPU_TWIN / "1" / "model.py")
     if C_SCALE_CONFIG.exists() and (backends / "scale").exists():
         (repo / C_MODEL / "1").mkdir(parents=True)
         shutil.copy2(C_SCALE_CONFIG, repo / C_MODEL / "config.pbtxt")
@@ -471,7 +476,7 @@ def run(args: argparse.Namespace, report: dict) -> dict:
         t0 = time.monotonic()
         ready = server.wait_ready(args.ready_timeout)
         # Models load after the server turns ready (explicit mode, --strict-readiness=false).
-        models = [m for m in (PY_MODEL, C_MODEL) if (repo / m).exists()]
+        models = [m for m in (PY_MODEL, CPU_TWIN, C_MODEL) if (repo / m).exists()]
         end = t0 + args.ready_timeout
         while ready and time.monotonic() < end and not all(server.model_ready(m) for m in models):
             if server.proc.poll() is not None or server.log_lines(r"failed to load|Poll failed"):
@@ -492,14 +497,26 @@ def run(args: argparse.Namespace, report: dict) -> dict:
             report["py_correct"] = out["OUTPUT0"]["data"] == expected
             report["py_device"] = out["DEVICE"]["data"][0]
             one = infer_body("INPUT0", [[float(i) for i in range(16)]])
-            report["py_sequential"] = sequential(server, PY_MODEL, one, args.requests, budget_s=60)
+            report["py_sequential"] = sequential(server, PY_MODEL, one, args.requests, budget_s=40)
             with SmiSampler() as sampler:
                 report["py_concurrent"] = concurrent(server, PY_MODEL, one, args.concurrency,
-                                                     max(1, args.requests // 4), budget_s=90)
+                                                     max(1, args.requests // 4), budget_s=45)
             report["py_gpu_during_load"] = sampler.summary()
             report["py_stats"] = model_stats(server, PY_MODEL)
             log(f"gpu_torch: correct={report['py_correct']} device={report['py_device']} "
                 f"seq={report['py_sequential']} conc={report['py_concurrent']}")
+        if report["models_ready"].get(CPU_TWIN):
+            one = infer_body("INPUT0", [[float(i) for i in range(16)]])
+            conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=60)
+            out = post_infer(conn, CPU_TWIN, one)
+            conn.close()
+            report["cpu_device"] = out["DEVICE"]["data"][0]
+            report["cpu_sequential"] = sequential(server, CPU_TWIN, one, args.requests, budget_s=20)
+            report["cpu_concurrent"] = concurrent(server, CPU_TWIN, one, args.concurrency,
+                                                  max(1, args.requests // 4), budget_s=25)
+            report["cpu_stats"] = model_stats(server, CPU_TWIN)
+            report["gpu_vs_cpu"] = side_by_side(report)
+            log(f"cpu_torch: seq={report['cpu_sequential']} conc={report['cpu_concurrent']}")
         if report["models_ready"].get(C_MODEL):
             conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=60)
             row = [float(i) for i in range(1, 9)]
@@ -508,9 +525,9 @@ def run(args: argparse.Namespace, report: dict) -> dict:
             report["c_output"] = out["OUTPUT0"]["data"]
             report["c_correct"] = out["OUTPUT0"]["data"] == [2.0 * v for v in row]  # factor "2" in its config
             body = infer_body("INPUT0", [row])
-            report["c_sequential"] = sequential(server, C_MODEL, body, args.requests, budget_s=30)
+            report["c_sequential"] = sequential(server, C_MODEL, body, args.requests, budget_s=15)
             report["c_concurrent"] = concurrent(server, C_MODEL, body, args.concurrency, max(1, args.requests // 4),
-                                                budget_s=30)
+                                                budget_s=15)
             report["c_stats"] = model_stats(server, C_MODEL)
         report["metrics"] = gpu_metrics(server)
         report["gpu_after"] = gpu_inventory().get("query")
@@ -521,6 +538,20 @@ def run(args: argparse.Namespace, report: dict) -> dict:
     ok = report.get("py_correct") and (args.cpu_smoke or "cuda" in str(report.get("py_device")))
     report["verdict"] = "PASS" if ok else "FAIL (see details)"
     return report
+
+
+def side_by_side(report: dict) -> list[dict]:
+    """The same model and work on the GPU and on one CPU core, measured in this run: one row each."""
+    rows = []
+    for label, key in (("gpu_torch (KIND_GPU)", "py"), ("cpu_torch (KIND_CPU)", "cpu")):
+        seq, conc = report.get(f"{key}_sequential") or {}, report.get(f"{key}_concurrent") or {}
+        rows.append({"model": label, "seq_p50_ms": seq.get("p50_ms"), "seq_p99_ms": seq.get("p99_ms"),
+                     f"c{conc.get('concurrency')}_p50_ms": conc.get("p50_ms"), "req_per_s": conc.get("req_per_s"),
+                     "avg_batch": (report.get(f"{key}_stats") or {}).get("avg_batch")})
+    gpu, cpu = rows[0]["req_per_s"], rows[1]["req_per_s"]
+    if gpu and cpu:
+        rows.append({"model": "GPU / CPU throughput", "ratio": round(gpu / cpu, 1)})
+    return rows
 
 
 def write_report(report: dict, out: Path) -> Path:
@@ -543,6 +574,10 @@ def write_report(report: dict, out: Path) -> Path:
         f"- concurrent: {report.get('py_concurrent')}",
         f"- batch stats: {report.get('py_stats')}",
         f"- nvidia-smi during the concurrent load: {report.get('py_gpu_during_load')}",
+        "", "## cpu_torch (the same model.py and work, KIND_CPU, one thread), same server, same run",
+        f"- ran on: {report.get('cpu_device')}; sequential: {report.get('cpu_sequential')}",
+        f"- concurrent: {report.get('cpu_concurrent')}; stats: {report.get('cpu_stats')}",
+        "", "## GPU next to CPU", *[f"- {row}" for row in report.get("gpu_vs_cpu", [])],
         "", "## c_scale (C backend `scale`)",
         f"- backend library: {report.get('c_backend')}",
         f"- correct: {report.get('c_correct')}; sequential: {report.get('c_sequential')}",

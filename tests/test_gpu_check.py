@@ -46,6 +46,17 @@ def test_check_model_configs_agree() -> None:
     assert list(gpu.input) == list(cpu.input) and list(gpu.output) == list(cpu.output)
 
 
+def test_cpu_twin_differs_only_in_name_and_kind() -> None:
+    """The GPU check's CPU figures are comparable only if cpu_torch is gpu_torch on another device."""
+    gpu = read_config(CHECK_MODEL)
+    twin = read_config(CHECK_MODEL.parent / "cpu_torch")
+    assert twin.name == "cpu_torch" and [g.kind for g in twin.instance_group] == [gpu.instance_group[0].KIND_CPU]
+    for config in (gpu, twin):
+        config.ClearField("name")
+        config.ClearField("instance_group")
+    assert twin == gpu, "cpu_torch must keep gpu_torch's inputs, batching and deliberate work"
+
+
 @pytest.mark.server
 @pytest.mark.slow
 def test_gpu_check_script_cpu_smoke(tmp_path: Path) -> None:
