@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lab_backends.lessons import exercises, frameworks, pipelines
+from lab_backends.lessons.exercises import pipelines as pipeline_exercise
 from lab_backends.measure import trace
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.server.triton_server import TritonServer
@@ -79,7 +80,7 @@ def test_ensemble_exercise_rejects_answers_before_serving() -> None:
         return config
 
     def still_python(config):
-        config.name = pipelines.LEARNER_ENSEMBLE
+        config.name = pipeline_exercise.LEARNER_ENSEMBLE
         return config
 
     with pytest.raises(ExerciseError, match="name the ensemble"):

@@ -24,7 +24,6 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lab_backends.measure import stats as _stats
 from lab_backends.errors import LabBackendsError
 
 #: The Python-wrapped models, by framework.
@@ -64,7 +63,7 @@ def served(name: str) -> ServedModel:
 # ------------------------------------------------------------------------------- the same answer?
 def held_out() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Held-out raw images (uint8 [N, 8, 8]), their labels, and the normalized PIXELS [N, 64]."""
-    from .digits.data import load_split, normalize
+    from lab_backends.digits.data import load_split, normalize
 
     split = load_split()
     return split.test_images, split.test_labels, normalize(split.test_images)
@@ -163,7 +162,7 @@ def thread_timings(
     import onnxruntime as ort
     import torch
 
-    from .digits.build import ARTIFACT_DIR
+    from lab_backends.digits.build import ARTIFACT_DIR
 
     torch_path = torch_path or ARTIFACT_DIR / "model.pt"
     onnx_path = onnx_path or ARTIFACT_DIR / "model.onnx"
@@ -272,71 +271,6 @@ def instance_kinds(server: Any, models: Iterable[str]) -> pd.DataFrame:
         rows.append({"model": model, "backend": config.backend or config.platform, "instances": ", ".join(groups),
                      "max_batch_size": config.max_batch_size})
     return pd.DataFrame(rows).set_index("model")
-
-
-# ------------------------------------------------------------------------------- the exercise
-def model_ready(server: Any, model: str) -> bool:
-    try:
-        return bool(server.http_client.is_model_ready(model))
-    except Exception:  # noqa: BLE001 - unknown model, or a server that is gone: not ready
-        return False
-
-
-EXERCISE_ROWS = 150
-
-
-def check_agreement_answer(answer: Any, server: Any) -> str:
-    """Checker of exercise ``framework_agreement`` (registered in :mod:`lab_backends.lessons.exercises`).
-
-    The learner's ``logits_of(server, model, images)`` must get LOGITS for 150 raw images from the
-    server (more rows than ``max_batch_size``: it has to split), for both frameworks; the answers
-    must match the artifacts run in-process and each other, and the statistics API must show that
-    the server, not a local copy, computed every row.
-    """
-    import contextlib
-
-    from lab_backends.digits import reference
-    from .digits.data import normalize
-    from lab_backends.errors import ExerciseError
-    from lab_backends.server.triton_server import TritonServer
-
-    models = tuple(WRAPPED.values())
-    images, labels, _ = held_out()
-    images, labels = images[:EXERCISE_ROWS], labels[:EXERCISE_ROWS]
-    pixels = normalize(images)
-    want = {"digits_torch": reference.torch_logits(pixels), "digits_onnx": reference.onnx_logits(pixels)}
-    got: dict[str, np.ndarray] = {}
-    with contextlib.ExitStack() as stack:
-        if server is None or not all(model_ready(server, m) for m in models):
-            server = stack.enter_context(TritonServer(models=list(models), target="local"))
-        for model in models:
-            before = _stats.inference_count(server, model)
-            try:
-                out = answer(server, model, images.copy())
-            except (NotImplementedError, ExerciseError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
-                first = str(exc).splitlines()[0] if str(exc) else ""
-                raise ExerciseError(f"logits_of(server, {model!r}, images) raised {type(exc).__name__}: {first[:300]}") from exc
-            rows = _stats.rows_since(server, model, before, len(images))
-            out = np.asarray(out)
-            if out.shape != (len(images), 10):
-                raise ExerciseError(f"{model}: expected LOGITS of shape {(len(images), 10)}, got {out.shape}: one row "
-                                    "of 10 logits per image, every chunk's rows stitched back in order")
-            if rows < len(images):
-                raise ExerciseError(f"the server computed {rows} rows for {model}, not {len(images)}: send every "
-                                    "image to the served model (no local framework call)")
-            if not np.allclose(out, want[model], atol=1e-4):
-                bad = int(np.abs(out - want[model]).max(axis=1).argmax())
-                raise ExerciseError(
-                    f"{model}: row {bad} differs from the model's answer for that image. Is PIXELS = "
-                    "float32(IMAGE) / 8 - 1, reshaped to [n, 64], and are the chunks kept in order?")
-            got[model] = out
-    cmp = agreement(got["digits_torch"], got["digits_onnx"], labels)
-    if not (cmp["max_abs_diff"] < 1e-5 and cmp["same_labels"]):
-        raise ExerciseError(f"torch and onnx disagree: {cmp}")
-    return (f"both frameworks answered all {len(images)} images through the server (requests of at most "
-            f"{MAX_BATCH} rows), {cmp['max_abs_diff']:.1e} apart at most, same digits, accuracy {cmp['accuracy_a']:.1%}.")
 
 
 def pinning_lines() -> dict[str, list[str]]:

@@ -232,6 +232,13 @@ class TritonServer:
         except OSError:
             return False
 
+    def model_ready(self, name: str) -> bool:
+        """Whether ``name`` is loaded and READY; an unknown model or a server that is gone is simply not."""
+        try:
+            return bool(self.http_client.is_model_ready(name))
+        except Exception:  # noqa: BLE001 - any failure to ask means "not ready"
+            return False
+
     def start(self) -> "TritonServer":
         """Start (or, for ``remote``, check) the server; returns once it is ready and models are checked."""
         if self.is_running() and self.target != "remote":

@@ -1,0 +1,128 @@
+"""The exercise registry: :func:`exercise` registers a checker, :func:`check` runs a learner's answer.
+
+A notebook's last cells look like this::
+
+    def request_body(x):            # the learner's answer
+        raise NotImplementedError   # ... until they write it
+
+    exercises.check("kserve_json_body", request_body, server)
+
+:func:`check` runs the learner's answer against the server and either prints why it is right or
+raises :class:`~lab_backends.errors.ExerciseError` with what the server did with it. An answer
+that still raises ``NotImplementedError`` is reported as "not attempted yet" without failing the
+notebook, so that a fresh notebook runs top to bottom (and under nbval in CI).
+
+Reference solutions live in ``notebooks/solutions/<exercise>.py`` (each defines ``answer``), and
+``tests/test_exercises.py`` runs every one through the same checks, so a solution and its checker
+cannot drift apart. Adding an exercise: write a checker, decorate it with :func:`exercise`, add a
+solution file.
+The checkers live next door, one module per notebook topic (``rest_json``, ``tracing``, ...);
+the package ``__init__`` imports them all, so importing :mod:`lab_backends.lessons.exercises` registers
+every exercise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.paths import PROJECT_ROOT
+
+SOLUTIONS_DIR = PROJECT_ROOT / "notebooks" / "solutions"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its task, the models its checker needs, and the checker itself."""
+
+    name: str
+    notebook: str
+    task: str
+    models: tuple[str, ...]
+    checker: Callable[[Any, Any], str]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What :func:`check` found: ``passed`` or not ``attempted``, and a message for the learner."""
+
+    name: str
+    attempted: bool
+    passed: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def exercise(name: str, notebook: str, task: str, models: tuple[str, ...]) -> Callable:
+    """Register ``checker(answer, server) -> success message`` as exercise ``name``.
+
+    ``models`` are what :func:`check` loads when it has to start a server itself; with none, the
+    checker gets ``server=None`` when the learner passes none (it may start its own).
+    """
+
+    def register(checker: Callable[[Any, Any], str]) -> Callable[[Any, Any], str]:
+        if name in EXERCISES:
+            raise LabBackendsError(f"exercise {name!r} is registered twice")
+        EXERCISES[name] = Exercise(name, notebook, task, tuple(models), checker)
+        return checker
+
+    return register
+
+
+def get(name: str) -> Exercise:
+    if name not in EXERCISES:
+        raise ExerciseError(f"no exercise named {name!r}; known: {', '.join(sorted(EXERCISES))}")
+    return EXERCISES[name]
+
+
+def task(name: str) -> str:
+    """The task text, for the notebook to print above the answer cell."""
+    return get(name).task
+
+
+def check(name: str, answer: Any, server: Any = None, quiet: bool = False) -> Result:
+    """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None)."""
+    ex = get(name)
+    if server is None and ex.models:
+        from lab_backends.server.triton_server import TritonServer
+
+        with TritonServer(models=list(ex.models)) as own:
+            return check(name, answer, own, quiet)
+    try:
+        message = ex.checker(answer, server)
+    except NotImplementedError:
+        result = Result(name, False, False, f"'{name}' is not attempted yet: replace the NotImplementedError "
+                                            f"with your answer and run the cell again.\nTask: {ex.task}")
+        if not quiet:
+            print(result.message)
+        return result
+    result = Result(name, True, True, message)
+    if not quiet:
+        print(f"✓ {name}: {message}")
+    return result
+
+
+def solution_path(name: str) -> Path:
+    return SOLUTIONS_DIR / f"{name}.py"
+
+
+def load_solution(name: str) -> Any:
+    """The ``answer`` defined by ``notebooks/solutions/<name>.py``."""
+    path = solution_path(name)
+    if not path.exists():
+        raise ExerciseError(f"no solution file {path}; every exercise needs one (tests run it)")
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    if not hasattr(module, "answer"):
+        raise ExerciseError(f"{path} must define `answer` (the function or value the checker takes)")
+    return module.answer
