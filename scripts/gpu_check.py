@@ -485,7 +485,7 @@ def run(args: argparse.Namespace, report: dict) -> dict:
         report["startup_s"] = round(time.monotonic() - t0, 1)
         report["server_ready"] = ready
         report["models_ready"] = {m: server.model_ready(m) for m in models}
-        report["log_gpu_lines"] = server.log_lines(r"gpu_torch ready|CUDA|GPU|failed|error")[-15:]
+        report["log_gpu_lines"] = server.log_lines(r"_torch ready|CUDA|GPU|failed|error")[-15:]
         log(f"ready={ready} models={report['models_ready']} after {report['startup_s']} s")
 
         if report["models_ready"].get(PY_MODEL):

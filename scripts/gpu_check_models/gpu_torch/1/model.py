@@ -55,7 +55,7 @@ class TritonPythonModel:
         generator = torch.Generator().manual_seed(0)
         self.work = torch.randn(size, size, generator=generator).to(self.device)
         pb_utils.Logger.log_info(
-            f"gpu_torch ready: numpy {np.__version__}, torch {torch.__version__}, device {label}"
+            f"{args['model_name']} ready: numpy {np.__version__}, torch {torch.__version__}, device {label}"
         )
 
     def execute(self, requests):
