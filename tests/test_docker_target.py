@@ -159,4 +159,4 @@ def test_start_container_without_an_engine_says_what_to_do(server: TritonServer,
     # The same through TritonServer: nothing is left behind.
     with pytest.raises(DockerUnavailableError):
         server.start()
-    assert server._container is None and not server.is_running()
+    assert server._target.container is None and not server.is_running()

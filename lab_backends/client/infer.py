@@ -11,6 +11,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
+from lab_backends.server.running import RunningServer
+
 PROTOCOLS = ("grpc", "http")
 
 
@@ -41,7 +43,7 @@ def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary
 
 
 def infer(
-    server: Any,
+    server: RunningServer,
     model: str,
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str] | None = None,

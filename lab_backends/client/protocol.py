@@ -25,6 +25,7 @@ from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, ser
 
 from lab_backends import rest
 from lab_backends.errors import ProtocolError
+from lab_backends.server.running import RunningServer
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -174,7 +175,7 @@ class HttpExchange:
 
 
 def http_exchange(
-    server: Any,
+    server: RunningServer,
     model: str,
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str] | None = None,
@@ -270,7 +271,7 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
     return request
 
 
-def grpc_exchange(server: Any, model: str, inputs: Mapping[str, np.ndarray],
+def grpc_exchange(server: RunningServer, model: str, inputs: Mapping[str, np.ndarray],
                   outputs: Sequence[str] | None = None, request_id: str = "") -> GrpcExchange:
     """Send one ``ModelInfer`` protobuf over a fresh channel and decode the response."""
     import grpc
@@ -298,7 +299,7 @@ def grpc_exchange(server: Any, model: str, inputs: Mapping[str, np.ndarray],
 
 
 # ---------------------------------------------------------------------------------------- latency
-def compare_latency(server: Any, model: str, inputs: Mapping[str, np.ndarray], repeats: int = 20,
+def compare_latency(server: RunningServer, model: str, inputs: Mapping[str, np.ndarray], repeats: int = 20,
                     warmup: int = 2) -> "Any":
     """Median/p90 latency of the same request as REST+JSON, REST+binary and gRPC (sequential, bounded).
 
@@ -359,17 +360,17 @@ def compare_latency(server: Any, model: str, inputs: Mapping[str, np.ndarray], r
 
 
 # ---------------------------------------------------------------------------------------- plain REST calls
-def rest_get(server: Any, path: str, admin: bool = False) -> tuple[int, Any]:
+def rest_get(server: RunningServer, path: str, admin: bool = False) -> tuple[int, Any]:
     """``GET http://<server><path>`` -> (status, parsed JSON or text). ``admin`` sends the admin key."""
     return _rest(server, "GET", path, None, admin)
 
 
-def rest_post(server: Any, path: str, body: Any = None, admin: bool = False) -> tuple[int, Any]:
+def rest_post(server: RunningServer, path: str, body: Any = None, admin: bool = False) -> tuple[int, Any]:
     """``POST`` a JSON body -> (status, parsed JSON or text). ``admin`` sends the admin key."""
     return _rest(server, "POST", path, json.dumps(body if body is not None else {}).encode(), admin)
 
 
-def _rest(server: Any, method: str, path: str, body: bytes | None, admin: bool) -> tuple[int, Any]:
+def _rest(server: RunningServer, method: str, path: str, body: bytes | None, admin: bool) -> tuple[int, Any]:
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if admin:
         headers.update(server.admin_headers)

@@ -24,16 +24,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lab_backends.measure import stats as _stats
 from lab_backends.client.infer import infer
 from lab_backends.errors import SequenceError
+from lab_backends.measure import stats as _stats
 from lab_backends.measure.stats import settled_statistics
+from lab_backends.server.running import RunningServer
 
 MODEL = "running_mean"
 
 
 def step(
-    server: Any, corrid: int, value: float, start: bool = False, end: bool = False,
+    server: RunningServer, corrid: int, value: float, start: bool = False, end: bool = False,
     protocol: str = "grpc", client: Any = None, model: str = MODEL,
 ) -> tuple[float, int]:
     """Send one value of sequence ``corrid``; returns the model's (mean, count) so far."""
@@ -62,7 +63,7 @@ def expected_means(values: Sequence[float]) -> np.ndarray:
 
 
 def drive_interleaved(
-    server: Any, sequences: Mapping[int, Sequence[float]], protocol: str = "grpc", model: str = MODEL
+    server: RunningServer, sequences: Mapping[int, Sequence[float]], protocol: str = "grpc", model: str = MODEL
 ) -> pd.DataFrame:
     """Advance every sequence by one value per round, in turn; one row per request.
 
@@ -95,7 +96,7 @@ class ConcurrentRun:
 
 
 def drive_concurrent(
-    server: Any, sequences: Mapping[int, Sequence[float]], model: str = MODEL, timeout_s: float = 60.0
+    server: RunningServer, sequences: Mapping[int, Sequence[float]], model: str = MODEL, timeout_s: float = 60.0
 ) -> ConcurrentRun:
     """Run every sequence in its own thread (its own gRPC client), all at once.
 
@@ -128,7 +129,7 @@ def drive_concurrent(
     return ConcurrentRun(pd.DataFrame(rows), _stats.window(before, after, model))
 
 
-def is_live(server: Any, corrid: int, model: str = MODEL) -> bool:
+def is_live(server: RunningServer, corrid: int, model: str = MODEL) -> bool:
     """Is sequence ``corrid`` still open on the server (started and not yet ended)?
 
     Probes with a request that continues *and ends* the sequence: the sequence batcher refuses it

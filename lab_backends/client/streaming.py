@@ -28,6 +28,7 @@ import numpy as np
 
 from lab_backends.client.infer import make_inputs
 from lab_backends.errors import StreamingError
+from lab_backends.server.running import RunningServer
 
 #: Keys that ``generate_stream`` adds to every event besides the model's outputs.
 SSE_META = ("model_name", "model_version", "id", "parameters")
@@ -54,7 +55,7 @@ def _plain(array: np.ndarray) -> Any:
 
 
 def grpc_stream(
-    server: Any, model: str, inputs: Mapping[str, np.ndarray], timeout_s: float = 30.0, request_id: str = "stream-1"
+    server: RunningServer, model: str, inputs: Mapping[str, np.ndarray], timeout_s: float = 30.0, request_id: str = "stream-1"
 ) -> list[StreamEvent]:
     """Send one request on a gRPC stream and collect every response until the final flag (or an error).
 
@@ -95,7 +96,7 @@ def grpc_stream(
 
 
 def sse_stream(
-    server: Any, model: str, body: Mapping[str, Any], timeout_s: float = 30.0
+    server: RunningServer, model: str, body: Mapping[str, Any], timeout_s: float = 30.0
 ) -> tuple[int, list[StreamEvent]]:
     """``POST /v2/models/<model>/generate_stream`` and read its Server-Sent Events as they come.
 

@@ -21,8 +21,9 @@ from typing import Any, Mapping, Sequence
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends.errors import ModelConfigError
-from lab_backends.server.repository import ModelConfig, config_text, read_config
 from lab_backends.measure.stats import parse_metrics, scrape_metrics
+from lab_backends.server.repository import ModelConfig, config_text, read_config
+from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll
 
 #: Triton data types a learner's tensors may use here (the ``TYPE_`` prefix is added for you).
@@ -142,7 +143,7 @@ def written_config(model_dir: str | Path) -> ModelConfig:
     return read_config(Path(model_dir))
 
 
-def metric_samples(server: Any, family: str) -> list[tuple[dict[str, str], float]]:
+def metric_samples(server: RunningServer, family: str) -> list[tuple[dict[str, str], float]]:
     """Every sample of one metric family on the server's metrics page: ``[(labels, value), ...]``.
 
     Custom metrics from ``model.py`` appear under the name their ``MetricFamily`` was given.
@@ -154,7 +155,7 @@ def metric_samples(server: Any, family: str) -> list[tuple[dict[str, str], float
     return [(dict(labels), value) for (name, labels), value in parsed.samples.items() if name == family]
 
 
-def metric_value(server: Any, family: str, **labels: str) -> float | None:
+def metric_value(server: RunningServer, family: str, **labels: str) -> float | None:
     """The value of the one sample of ``family`` whose labels include ``labels``; None if absent."""
     for sample_labels, value in metric_samples(server, family):
         if all(sample_labels.get(k) == v for k, v in labels.items()):
@@ -163,7 +164,7 @@ def metric_value(server: Any, family: str, **labels: str) -> float | None:
 
 
 def send_together(
-    server: Any, model: str, requests: Sequence[Mapping[str, Any]], timeout_s: float = 30.0
+    server: RunningServer, model: str, requests: Sequence[Mapping[str, Any]], timeout_s: float = 30.0
 ) -> list[dict[str, Any] | Exception]:
     """Send several requests at once (gRPC, asynchronously) and return each one's outputs or error.
 
@@ -203,12 +204,12 @@ def send_together(
     return [collected[i] for i in range(len(requests))]
 
 
-def log_lines(server: Any, needle: str) -> list[str]:
+def log_lines(server: RunningServer, needle: str) -> list[str]:
     """Lines of the server log that contain ``needle`` (e.g. what ``pb_utils.Logger`` wrote)."""
     return [line for line in server.log_text().splitlines() if needle in line]
 
 
-def wait_for_log(server: Any, needle: str, count: int = 1, timeout_s: float = 10.0) -> list[str]:
+def wait_for_log(server: RunningServer, needle: str, count: int = 1, timeout_s: float = 10.0) -> list[str]:
     """Wait until the server log holds ``count`` lines with ``needle``; return them.
 
     ``pb_utils.Logger`` messages travel from the stub process to the server, which writes them a

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lab_backends.errors import LabBackendsError
+from lab_backends.server.running import RunningServer
 
 #: The Python-wrapped models, by framework.
 WRAPPED = {"torch": "digits_torch", "onnx": "digits_onnx"}
@@ -69,7 +70,7 @@ def held_out() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return split.test_images, split.test_labels, normalize(split.test_images)
 
 
-def served_logits(server: Any, model: str, pixels: np.ndarray, max_batch: int = MAX_BATCH,
+def served_logits(server: RunningServer, model: str, pixels: np.ndarray, max_batch: int = MAX_BATCH,
                   protocol: str = "grpc") -> np.ndarray:
     """LOGITS of ``model`` for every row of ``pixels``, in requests of at most ``max_batch`` rows.
 
@@ -116,7 +117,7 @@ def compare_table(results: Mapping[str, np.ndarray], reference: str, labels: np.
 
 # ------------------------------------------------------------------------------- speed, side by side
 def side_by_side(
-    server: Any,
+    server: RunningServer,
     models: Sequence[str],
     concurrencies: Sequence[int] = (1, 8),
     batch: int = 1,
@@ -234,7 +235,7 @@ class GpuStatus:
                 "(docs/gpu.md, `docker compose up`) to run it.")
 
 
-def gpu_status(server: Any) -> GpuStatus:
+def gpu_status(server: RunningServer) -> GpuStatus:
     """Look for a GPU the way a client can: GPU metrics, and native KIND_GPU models that loaded.
 
     Either is enough: Triton's ``nv_gpu_*`` metrics need DCGM, which may not start even on a GPU
@@ -260,7 +261,7 @@ def gpu_status(server: Any) -> GpuStatus:
     return GpuStatus(bool(has), evidence, ready, broken)
 
 
-def instance_kinds(server: Any, models: Iterable[str]) -> pd.DataFrame:
+def instance_kinds(server: RunningServer, models: Iterable[str]) -> pd.DataFrame:
     """Backend/platform and instance groups of each model, from the configs the server uses."""
     from tritonclient.grpc import model_config_pb2 as mc
 

@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2
 from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError
 from lab_backends.server.repository import ModelConfig, config_json
+from lab_backends.server.running import RunningServer
 
 #: A Python model whose every version answers with its own version number: which version served a
 #: request is then visible in the response, not only in the server's bookkeeping.
@@ -82,7 +83,7 @@ def version_policy(
     return policy
 
 
-def derived_config(server: Any, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
+def derived_config(server: RunningServer, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
     """The server's current config for ``name``, copied and changed by ``edit(config)``.
 
     Why not write just the field you want? Because Triton *replaces* the whole config with the one
@@ -94,14 +95,14 @@ def derived_config(server: Any, name: str, edit: Callable[[ModelConfig], None]) 
     return config
 
 
-def load_with(server: Any, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
+def load_with(server: RunningServer, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
     """Reload ``name`` with :func:`derived_config`; returns the config that was sent."""
     config = derived_config(server, name, edit)
     server.load_model(name, config=config)
     return config
 
 
-def reload_from_disk(server: Any, name: str, timeout_s: float = 30.0) -> None:
+def reload_from_disk(server: RunningServer, name: str, timeout_s: float = 30.0) -> None:
     """Unload ``name``, wait until it is gone, and load it again from its folder (``config.pbtxt``).
 
     Why not just ``load_model(name)``? Measured on Triton 2.51: a load without a config reloads
@@ -114,7 +115,7 @@ def reload_from_disk(server: Any, name: str, timeout_s: float = 30.0) -> None:
     server.load_model(name)
 
 
-def version_states(server: Any, name: str) -> dict[int, str]:
+def version_states(server: RunningServer, name: str) -> dict[int, str]:
     """``{version: state}`` for every version of ``name`` the server knows, from the repository index.
 
     The index also lists versions that are *not* being served (``UNAVAILABLE``, reason
@@ -127,12 +128,12 @@ def version_states(server: Any, name: str) -> dict[int, str]:
     return states
 
 
-def ready_versions(server: Any, name: str) -> list[int]:
+def ready_versions(server: RunningServer, name: str) -> list[int]:
     """The versions of ``name`` that are READY, in ascending order."""
     return sorted(v for v, state in version_states(server, name).items() if state == "READY")
 
 
-def wait_until_unloaded(server: Any, name: str, timeout_s: float = 30.0) -> float:
+def wait_until_unloaded(server: RunningServer, name: str, timeout_s: float = 30.0) -> float:
     """Wait until no version of ``name`` is READY or UNLOADING; returns the seconds it took.
 
     An unload call returns before the model is gone: Triton lets requests in flight finish first,
@@ -148,7 +149,7 @@ def wait_until_unloaded(server: Any, name: str, timeout_s: float = 30.0) -> floa
         time.sleep(0.05)
 
 
-def infer_version(server: Any, name: str, version: int | None = None, protocol: str = "http") -> int:
+def infer_version(server: RunningServer, name: str, version: int | None = None, protocol: str = "http") -> int:
     """Ask ``name`` (``version`` or the server's choice) and return the VERSION it answered with."""
     import numpy as np
 
@@ -167,7 +168,7 @@ class AdminAttempt:
     body: str
 
 
-def _post(server: Any, path: str, body: bytes, headers: Mapping[str, str]) -> AdminAttempt:
+def _post(server: RunningServer, path: str, body: bytes, headers: Mapping[str, str]) -> AdminAttempt:
     status, payload = rest.request(
         f"http://{server.http_url}{path}", "POST", body,
         {"Content-Type": "application/json", **headers}, timeout=60,
@@ -196,13 +197,13 @@ def load_request_body(config: ModelConfig | None = None, files: Mapping[str, byt
 
 
 def unauthenticated_load(
-    server: Any, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
+    server: RunningServer, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
 ) -> AdminAttempt:
     """Call the load API *without* the admin key, as any process on the network could."""
     return _post(server, f"/v2/repository/models/{name}/load", load_request_body(config, files), {})
 
 
-def upload_model(server: Any, name: str, source: str, config: ModelConfig, version: int = 1) -> None:
+def upload_model(server: RunningServer, name: str, source: str, config: ModelConfig, version: int = 1) -> None:
     """Upload ``source`` as ``<version>/model.py`` with ``config`` through the load API (with the key).
 
     The server writes the files to a temporary folder and loads them: whoever may call this API
@@ -233,7 +234,7 @@ class InflightUnload:
 
 
 def unload_during_request(
-    server: Any, name: str, inputs: Mapping[str, Any], expected: Mapping[str, Any] | None = None,
+    server: RunningServer, name: str, inputs: Mapping[str, Any], expected: Mapping[str, Any] | None = None,
     unload_after_s: float = 0.3, timeout_s: float = 30.0,
 ) -> InflightUnload:
     """Send one (slow) request, unload ``name`` while it runs, and report what each side saw.

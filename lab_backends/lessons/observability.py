@@ -26,10 +26,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from lab_backends.lessons import management
-from lab_backends.measure import stats as _stats
 from lab_backends.client.infer import infer
 from lab_backends.errors import LoadSettingError, StatisticsError
+from lab_backends.lessons import management
+from lab_backends.measure import stats as _stats
+from lab_backends.server.running import RunningServer
 
 # ---------------------------------------------------------------------------------- statistics
 
@@ -37,7 +38,7 @@ from lab_backends.errors import LoadSettingError, StatisticsError
 # ---------------------------------------------------------------------------------------- cache
 
 
-def enable_cache(server: Any, model: str) -> Any:
+def enable_cache(server: RunningServer, model: str) -> Any:
     """Reload ``model`` with ``response_cache { enable: true }``; returns the config sent.
 
     The server must have been started with a cache (``TritonServer(cache_size=...)``): otherwise
@@ -73,7 +74,7 @@ class CacheCounts:
         return CacheCounts(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
 
-def cache_counts(server: Any, model: str) -> CacheCounts:
+def cache_counts(server: RunningServer, model: str) -> CacheCounts:
     """``cache_hit`` / ``cache_miss`` counts (and their average lookup time) from the statistics API."""
     entries = _stats.model_entries(_stats.fetch_statistics(server, model), model)
     hits = misses = inferences = executions = 0
@@ -100,7 +101,7 @@ class CacheRun:
         return float(self.requests.loc[self.requests["kind"] == kind, "latency_ms"].median())
 
 
-def _settled_counts(server: Any, model: str, attempts: int = 50) -> CacheCounts:
+def _settled_counts(server: RunningServer, model: str, attempts: int = 50) -> CacheCounts:
     """Counters once they stop moving: Triton updates them as it releases a request, a moment late."""
     counts = cache_counts(server, model)
     for _ in range(attempts):
@@ -113,7 +114,7 @@ def _settled_counts(server: Any, model: str, attempts: int = 50) -> CacheCounts:
 
 
 def cache_experiment(
-    server: Any, model: str, inputs: Mapping[str, np.ndarray], rounds: int = 20, seed: int = 0,
+    server: RunningServer, model: str, inputs: Mapping[str, np.ndarray], rounds: int = 20, seed: int = 0,
     protocol: str = "grpc",
 ) -> CacheRun:
     """Alternate a repeated request with new ones, one at a time; time each and count hits.
@@ -144,7 +145,7 @@ def cache_experiment(
 
 
 def rate_limited(
-    server: Any, model: str, instances: int, resources: Mapping[str, int] | None = None, batching: bool = False
+    server: RunningServer, model: str, instances: int, resources: Mapping[str, int] | None = None, batching: bool = False
 ) -> Any:
     """Reload ``model`` with ``instances`` instances, each needing ``resources`` to execute.
 
@@ -170,7 +171,7 @@ def rate_limited(
     return management.load_with(server, model, edit)
 
 
-def server_resources(server: Any) -> dict[str, int]:
+def server_resources(server: RunningServer) -> dict[str, int]:
     """The rate-limiter resources the server was started with (``rate_limit_resources``)."""
     return dict(getattr(server.options, "rate_limit_resources", None) or {})
 

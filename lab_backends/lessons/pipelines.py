@@ -25,6 +25,7 @@ import pandas as pd
 
 from lab_backends.errors import LabBackendsError
 from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.running import RunningServer
 
 #: The three steps, as the ensemble and the BLS model call them (onnx by default).
 STEPS = ("digits_preprocess", "digits_onnx", "digits_postprocess")
@@ -65,7 +66,7 @@ def bls_source(function: str = "_pipeline", path: Path | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------- the same answer
-def client_pipeline(server: Any, images: np.ndarray, framework: str = "onnx", protocol: str = "grpc",
+def client_pipeline(server: RunningServer, images: np.ndarray, framework: str = "onnx", protocol: str = "grpc",
                     request_id: str = "") -> dict[str, np.ndarray]:
     """The pipeline done by the client: three requests, tensors back and forth between them."""
     from lab_backends.client.infer import infer
@@ -77,7 +78,7 @@ def client_pipeline(server: Any, images: np.ndarray, framework: str = "onnx", pr
     return infer(server, "digits_postprocess", {"LOGITS": logits}, protocol=protocol, request_id=request_id)
 
 
-def run(server: Any, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = "") -> dict[str, np.ndarray]:
+def run(server: RunningServer, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = "") -> dict[str, np.ndarray]:
     """LABELS and PROBS for ``images``, computed one of the :data:`WAYS`."""
     from lab_backends.client.infer import infer
 
@@ -92,7 +93,7 @@ def run(server: Any, way: str, images: np.ndarray, protocol: str = "grpc", reque
     raise LabBackendsError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
 
 
-def answers(server: Any, images: np.ndarray, ways: Iterable[str] = WAYS) -> dict[str, dict[str, np.ndarray]]:
+def answers(server: RunningServer, images: np.ndarray, ways: Iterable[str] = WAYS) -> dict[str, dict[str, np.ndarray]]:
     return {way: run(server, way, images) for way in ways}
 
 
@@ -102,7 +103,7 @@ def same_answer(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], atol: 
 
 
 # ------------------------------------------------------------------------------- overhead
-def latencies(server: Any, images: np.ndarray, ways: Iterable[str] = WAYS, repeats: int = 50,
+def latencies(server: RunningServer, images: np.ndarray, ways: Iterable[str] = WAYS, repeats: int = 50,
               warmup: int = 3) -> pd.DataFrame:
     """One row per request: way, repeat, latency_ms. Ways are interleaved, one request at a time.
 

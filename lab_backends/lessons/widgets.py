@@ -18,10 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-from lab_backends.measure import plots
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
+from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, run_closed
 from lab_backends.measure.sweep import apply_config
+from lab_backends.server.running import RunningServer
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -57,7 +58,7 @@ class BatchingPanel:
 
     def __init__(
         self,
-        server: Any,
+        server: RunningServer,
         model: str = "cost_model",
         *,
         protocol: str = "grpc",

@@ -26,8 +26,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from lab_backends.measure.reference_tools import CYCLE_COLUMNS, compare_loadgens, cost_model_ceiling
-from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.measure.sweep import NO_BATCHING, sweep
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 
 BATCHING_COLUMNS = ["model", "protocol", "batching", "concurrency", "requests", "throughput_rps",
                     "p50_ms", "p90_ms", "p99_ms", "avg_batch"]

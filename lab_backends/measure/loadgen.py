@@ -35,6 +35,7 @@ import pandas as pd
 
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure import stats as _stats
+from lab_backends.server.running import RunningServer
 
 PROTOCOLS = ("grpc", "http")
 #: ``grpc-tritonclient`` is the stock ``tritonclient.grpc.aio`` client, kept as a baseline to compare.
@@ -50,8 +51,8 @@ def example_inputs(config: Any, batch: int = 1, seed: int = 0) -> dict[str, np.n
 
     Integer inputs draw from 0..16 so that the digits models' ``IMAGE`` (values 0..16) is valid.
     """
-    from tritonclient.utils import triton_to_np_dtype
     from tritonclient.grpc import model_config_pb2
+    from tritonclient.utils import triton_to_np_dtype
 
     rng = np.random.default_rng(seed)
     arrays = {}
@@ -327,7 +328,7 @@ class _HttpSender:
 
 
 def _make_sender(
-    server: Any, client: str, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
+    server: RunningServer, client: str, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
     timeout_s: float, max_connections: int,
 ):
     if client == "grpc":
@@ -509,7 +510,7 @@ def _check(name: str, value: float, minimum: float) -> None:
 
 
 async def _sample_metrics(
-    server: Any, every_s: float | None, origin: float, stop: asyncio.Event, out: list[tuple[float, str]]
+    server: RunningServer, every_s: float | None, origin: float, stop: asyncio.Event, out: list[tuple[float, str]]
 ) -> None:
     """Scrape the Prometheus page every ``every_s`` until ``stop`` (in a thread: it blocks)."""
     if not every_s:
@@ -527,7 +528,7 @@ async def _sample_metrics(
 
 
 def _run(
-    server: Any,
+    server: RunningServer,
     model: str,
     phase: Callable[[Any, int, float], Awaitable[list[Record]]],
     *,
@@ -598,7 +599,7 @@ def _run(
 
 
 def run_closed(
-    server: Any,
+    server: RunningServer,
     model: str,
     concurrency: int = 1,
     *,
@@ -638,7 +639,7 @@ def run_closed(
 
 
 def run_open(
-    server: Any,
+    server: RunningServer,
     model: str,
     rate_rps: float,
     *,

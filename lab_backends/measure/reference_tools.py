@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from lab_backends.measure import stats as _stats
 from lab_backends.errors import LoadSettingError
+from lab_backends.measure import stats as _stats
 from lab_backends.measure.loadgen import example_inputs, http_request_bytes, run_closed
-from lab_backends.server.repository import ModelConfig
 from lab_backends.measure.sweep import apply_config
+from lab_backends.server.repository import ModelConfig
+from lab_backends.server.running import RunningServer
 
 #: Tools compared: (name, protocol for run_closed, or None for wrk).
 LOADGENS = (
@@ -44,7 +45,7 @@ CYCLE_COLUMNS = ["tool", "concurrency", "throughput_rps", "of_ceiling", "avg_bat
                  "backend_ms", "turnaround_ms", "server_bound"]
 
 
-def run_wrk(server: Any, model: str, inputs: dict, concurrency: int, duration_s: float, threads: int = 1,
+def run_wrk(server: RunningServer, model: str, inputs: dict, concurrency: int, duration_s: float, threads: int = 1,
             warmup_s: float = 1.0) -> float:
     """Requests/s that ``wrk`` reaches with the same binary-tensor request as our HTTP generator."""
     wrk = shutil.which("wrk")
@@ -136,7 +137,7 @@ def batch_cycle(window: _stats.ServerWindow, throughput_rps: float, concurrency:
     }
 
 
-def _one_round(server: Any, model: str, protocol: str | None, inputs: dict, concurrency: int,
+def _one_round(server: RunningServer, model: str, protocol: str | None, inputs: dict, concurrency: int,
                seconds: float, warm: bool, window: bool) -> dict[str, Any]:
     """One tool (``protocol`` None: wrk) for ``seconds``: its throughput, client CPU and, with
     ``window``, the server's statistics over that time (None without)."""
@@ -154,7 +155,7 @@ def _one_round(server: Any, model: str, protocol: str | None, inputs: dict, conc
 
 
 def compare_loadgens(
-    server: Any, model: str, override: Any, seconds: float, log: Callable[[str], None] = print,
+    server: RunningServer, model: str, override: Any, seconds: float, log: Callable[[str], None] = print,
     concurrency: int = 16, rounds: int = 3,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every tool, ``seconds`` in all, in ``rounds`` interleaved turns, on the bench's config and then

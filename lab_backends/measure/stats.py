@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
+from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
@@ -27,7 +28,7 @@ STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 # ---------------------------------------------------------------------------------------- fetching
 
 
-def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> dict:
+def fetch_statistics(server: RunningServer, model: str = "", timeout_s: float = 10.0) -> dict:
     """``GET /v2/models/<model>/stats`` with the server's admin key (the API is restricted).
 
     Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
@@ -43,7 +44,7 @@ def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> d
     return json.loads(body)
 
 
-def scrape_metrics(server: Any, timeout_s: float = 10.0) -> str:
+def scrape_metrics(server: RunningServer, timeout_s: float = 10.0) -> str:
     """The Prometheus text page (``/metrics``); it is not restricted."""
     status, body = rest.request(server.metrics_url, timeout=timeout_s)
     if status != 200:
@@ -280,12 +281,12 @@ def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None)
     return frame
 
 
-def inference_count(server: Any, model: str) -> int:
+def inference_count(server: RunningServer, model: str) -> int:
     """Rows the server has computed for ``model`` so far (``inference_count``, all versions)."""
     return sum(_int(s.get("inference_count", 0)) for s in fetch_statistics(server, model).get("model_stats", []))
 
 
-def rows_since(server: Any, model: str, before: int, expected: int, wait_s: float = 3.0) -> int:
+def rows_since(server: RunningServer, model: str, before: int, expected: int, wait_s: float = 3.0) -> int:
     """Rows computed for ``model`` since a count of ``before``, waiting up to ``wait_s`` for ``expected``.
 
     Triton counts a request when it releases it, a moment after the client has its response, so a
@@ -295,7 +296,7 @@ def rows_since(server: Any, model: str, before: int, expected: int, wait_s: floa
     return poll(lambda: inference_count(server, model) - before, lambda rows: rows >= expected, wait_s, 0.02)
 
 
-def settled_statistics(server: Any, model: str, attempts: int = 50) -> dict:
+def settled_statistics(server: RunningServer, model: str, attempts: int = 50) -> dict:
     """A statistics snapshot once the counters stop moving.
 
     Triton updates a request's statistics when it releases the request, which can be a moment

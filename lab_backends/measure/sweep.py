@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from lab_backends.errors import LoadSettingError, ModelLoadError
 from lab_backends.measure.loadgen import run_closed, run_open
 from lab_backends.server.repository import ModelConfig
+from lab_backends.server.running import RunningServer
 
 #: An override: field -> new value (JSON form, ``None`` removes the field), a function of the
 #: current config, a complete ``ModelConfig``, or ``None`` for "as it is".
@@ -80,7 +81,7 @@ def derive_config(base: ModelConfig, override: Override) -> ModelConfig:
     return config
 
 
-def apply_config(server: Any, model: str, override: Override, base: ModelConfig | None = None) -> ModelConfig:
+def apply_config(server: RunningServer, model: str, override: Override, base: ModelConfig | None = None) -> ModelConfig:
     """Reload ``model`` with ``override`` applied to ``base`` (default: the config now live)."""
     base = base if base is not None else server.model_config(model)
     config = derive_config(base, override)
@@ -95,7 +96,7 @@ def apply_config(server: Any, model: str, override: Override, base: ModelConfig 
 
 
 def sweep(
-    server: Any,
+    server: RunningServer,
     model: str,
     concurrency: Sequence[int] = (1, 4, 16),
     configs: Mapping[str, Override] | None = None,

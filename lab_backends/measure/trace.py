@@ -49,6 +49,7 @@ import pandas as pd
 
 from lab_backends import rest
 from lab_backends.errors import TraceError
+from lab_backends.server.running import RunningServer
 
 #: The stages of one request, in the order a request goes through them.
 STAGES = ("receive", "queue", "compute_input", "infer", "output", "send")
@@ -323,7 +324,7 @@ class TraceLog:
 
 
 # ---------------------------------------------------------------------------------------- runtime settings
-def trace_path(server: Any) -> Path:
+def trace_path(server: RunningServer) -> Path:
     """Where this process can read ``server``'s trace file, or a :class:`TraceError` saying how to get one.
 
     A local server writes the file given at startup (``trace_file=``); a remote one writes where
@@ -339,12 +340,12 @@ def trace_path(server: Any) -> Path:
     return Path(path)
 
 
-def _trace_url(server: Any, model: str = "") -> str:
+def _trace_url(server: RunningServer, model: str = "") -> str:
     base = f"http://{server.http_url}/v2"
     return f"{base}/models/{model}/trace/setting" if model else f"{base}/trace/setting"
 
 
-def trace_settings(server: Any, model: str = "", use_key: bool = True) -> dict:
+def trace_settings(server: RunningServer, model: str = "", use_key: bool = True) -> dict:
     """The trace settings the server uses now (global, or for one model).
 
     The trace API is restricted in this workbench, so the admin key is sent; ``use_key=False``
@@ -353,7 +354,7 @@ def trace_settings(server: Any, model: str = "", use_key: bool = True) -> dict:
     return _send(_trace_url(server, model), headers=server.admin_headers if use_key else {})
 
 
-def update_trace_settings(server: Any, model: str = "", **settings: Any) -> dict:
+def update_trace_settings(server: RunningServer, model: str = "", **settings: Any) -> dict:
     """Change tracing at runtime, e.g. ``update_trace_settings(server, trace_rate=10)``.
 
     Values go to Triton as it expects them (lists for ``trace_level``, strings otherwise). The trace
@@ -373,7 +374,7 @@ def _send(url: str, method: str = "GET", body: bytes | None = None, headers: Map
 
 
 # ---------------------------------------------------------------------------------------- experiments
-def send_burst(server: Any, model: str, inputs: dict, n: int, prefix: str = "burst",
+def send_burst(server: RunningServer, model: str, inputs: dict, n: int, prefix: str = "burst",
                timeout_s: float = 60.0, head_start_ms: float = 0.0) -> list[str]:
     """Send ``n`` gRPC requests at once (``request_id`` = ``<prefix>-<i>``) and wait for all answers.
 

@@ -23,13 +23,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from lab_backends.errors import DockerUnavailableError
+from lab_backends.errors import DockerUnavailableError, ServerExitedError
 from lab_backends.paths import PROJECT_ROOT, RUNS_DIR
+from lab_backends.server.logs import ServerLog
+from lab_backends.server.options import ServerOptions
+from lab_backends.server.readiness import await_ready
+from lab_backends.server.target import Ports, Target
 
 #: The one pinned NGC tag (Triton 2.51 = release 24.10, the version the embedded wheel carries).
 #: docker-compose.yml, docker/triton.Dockerfile, README.md and docs/gpu.md cite the same string
@@ -201,22 +206,17 @@ def _follow_logs(container: Any, log_path: Path) -> None:
         pass
 
 
-def start_container(server: Any) -> Any:
+def start_container(server: Any, log_path: Path | None = None) -> Any:
     """Start ``server`` (ports picked) as a container; return the SDK's ``Container``.
 
-    The container's log is streamed into ``server.run_dir/tritonserver.log``, so a model that
-    fails to load is reported with Triton's own reason, as for the embedded server.
+    With ``log_path``, the container's log is streamed into it, so a model that fails to load is
+    reported with Triton's own reason, as for the embedded server.
     """
+    import docker
+
     client = docker_client()
     spec = container_spec(server, gpus=gpus_available(client))
     ensure_image(client, spec["image"])
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    if server.run_dir is None:
-        import tempfile
-
-        server.run_dir = Path(tempfile.mkdtemp(prefix="triton-docker-", dir=RUNS_DIR))
-    import docker
-
     try:
         container = client.containers.run(**spec)
     except docker.errors.APIError as exc:
@@ -226,14 +226,13 @@ def start_container(server: Any) -> Any:
         raise DockerUnavailableError(
             f"the Docker engine refused to start {spec['name']} from {spec['image']}: {exc}.{hint}"
         ) from exc
-    threading.Thread(target=_follow_logs, args=(container, server.log_path), daemon=True).start()
+    if log_path is not None:
+        threading.Thread(target=_follow_logs, args=(container, log_path), daemon=True).start()
     time.sleep(0.2)
     container.reload()
     if container.status == "exited":
         logs = container.logs(tail=25).decode(errors="replace")
         stop_container(container, 0)
-        from lab_backends.errors import ServerExitedError
-
         raise ServerExitedError.with_log(f"container {spec['name']} exited at once", logs)
     return container
 
@@ -248,3 +247,56 @@ def stop_container(container: Any, timeout: float) -> None:
         container.remove(force=True)
     except Exception:  # noqa: BLE001 - already removed
         pass
+
+
+class DockerTarget(Target):
+    """The NGC-derived image in a container on host ports of 127.0.0.1; its log is copied to a run folder."""
+
+    name = "docker"
+
+    def __init__(self, options: ServerOptions, requested_ports: Ports, startup_timeout_s: float) -> None:
+        super().__init__()
+        self.options = options
+        self.requested_ports = requested_ports
+        self.startup_timeout_s = startup_timeout_s
+        self.container: Any = None
+
+    def is_running(self) -> bool:
+        return self.container is not None and self.exit_code() is None
+
+    def exit_code(self) -> int | None:
+        if self.container is None:
+            return None
+        try:
+            self.container.reload()
+            if self.container.status in ("exited", "dead"):
+                return int(self.container.attrs.get("State", {}).get("ExitCode", -1))
+        except Exception:  # noqa: BLE001 - the container is gone: it has exited
+            return -1
+        return None
+
+    def start(self) -> bool:
+        if self.is_running():
+            return False
+        deadline = time.monotonic() + self.startup_timeout_s
+        self.pick_ports(self.requested_ports)
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="triton-docker-", dir=RUNS_DIR))
+        try:
+            self.container = start_container(self, self.log_path)
+        except DockerUnavailableError:
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # nothing ran: leave nothing behind
+            self.run_dir = None
+            raise
+        try:
+            await_ready(self.http_url, self.exit_code, ServerLog(self.log_path, self.options.admin_key),
+                        deadline, self.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return True
+
+    def stop(self) -> None:
+        if self.container is not None:
+            stop_container(self.container, self.options.exit_timeout_s)
+            self.container = None

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from lab_backends.server.bundle import STUB_NAME
 from lab_backends.errors import LabBackendsError, StubCrashedError
+from lab_backends.server.bundle import STUB_NAME
 from lab_backends.server.processes import SHM_PREFIX, group_members, remove_shm
+from lab_backends.server.running import RunningServer
 
 #: Triton's words for a request that reached an instance whose stub is gone (2.51).
 _STUB_UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
@@ -87,7 +88,7 @@ class Recovery:
 
 
 # ---------------------------------------------------------------------------- processes
-def _require_local(server: Any) -> int:
+def _require_local(server: RunningServer) -> int:
     pid = getattr(server, "pid", None)
     if getattr(server, "target", "local") != "local" or pid is None:
         raise LabBackendsError(
@@ -106,7 +107,7 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def stubs(server: Any) -> dict[str, Stub]:
+def stubs(server: RunningServer) -> dict[str, Stub]:
     """Live stub processes of a local server, by instance name (e.g. ``cost_model_0_0``).
 
     The stub's command line (measured on 2.51) is ``stub MODEL_FILE SHM_REGION SIZE GROWTH
@@ -122,7 +123,7 @@ def stubs(server: Any) -> dict[str, Stub]:
     return found
 
 
-def mapped_shm_regions(server: Any) -> set[str]:
+def mapped_shm_regions(server: RunningServer) -> set[str]:
     """Stub shared-memory regions the server process has mapped (one per instance it created)."""
     pid = _require_local(server)
     try:
@@ -134,14 +135,14 @@ def mapped_shm_regions(server: Any) -> set[str]:
     return {m.group(0) for line in maps.splitlines() if not line.endswith("(deleted)") for m in pattern.finditer(line)}
 
 
-def orphan_shm_regions(server: Any) -> set[str]:
+def orphan_shm_regions(server: RunningServer) -> set[str]:
     """Regions still mapped by the server but owned by no live stub: left by stubs that died."""
     owned = {stub.shm_region for stub in stubs(server).values()}
     return mapped_shm_regions(server) - owned
 
 
 # ---------------------------------------------------------------------------- models
-def expected_instances(server: Any, model: str) -> list[str]:
+def expected_instances(server: RunningServer, model: str) -> list[str]:
     """Instance names a loaded Python model should have, from the server's (normalized) config.
 
     Empty for models that run no stub (ensembles, other backends).
@@ -157,11 +158,11 @@ def expected_instances(server: Any, model: str) -> list[str]:
     return names or [f"{model}_0_0"]
 
 
-def _ready_models(server: Any) -> list[str]:
+def _ready_models(server: RunningServer) -> list[str]:
     return sorted({e["name"] for e in server.repository_index() if e.get("state") == "READY"})
 
 
-def check_stubs(server: Any, models: Iterable[str] | None = None) -> dict[str, list[str]]:
+def check_stubs(server: RunningServer, models: Iterable[str] | None = None) -> dict[str, list[str]]:
     """``{model: [dead instance names]}`` for READY Python models whose stubs are gone.
 
     An empty dict means every stub that should run does. Triton itself would call all of these
@@ -176,7 +177,7 @@ def check_stubs(server: Any, models: Iterable[str] | None = None) -> dict[str, l
     return dead
 
 
-def ensure_stubs_healthy(server: Any, models: Iterable[str] | None = None) -> None:
+def ensure_stubs_healthy(server: RunningServer, models: Iterable[str] | None = None) -> None:
     """Raise :class:`StubCrashedError` naming every dead stub (without recovering anything)."""
     dead = check_stubs(server, models)
     if dead:
@@ -194,7 +195,7 @@ def crashed_instance(error: BaseException | str) -> str | None:
     return match.group(1) if match else None
 
 
-def model_of_instance(server: Any, instance: str) -> str:
+def model_of_instance(server: RunningServer, instance: str) -> str:
     """Which model an instance belongs to: from the live configs when possible, else by its name."""
     try:
         for model in _ready_models(server):
@@ -212,7 +213,7 @@ from lab_backends.server.repository import missing_model_file, preflight  # noqa
 
 
 # ---------------------------------------------------------------------------- recovery
-def _wait_for_stubs(server: Any, model: str, deadline: float) -> dict[str, int]:
+def _wait_for_stubs(server: RunningServer, model: str, deadline: float) -> dict[str, int]:
     wanted = expected_instances(server, model)
     while True:
         live = stubs(server)
@@ -228,7 +229,7 @@ def _wait_for_stubs(server: Any, model: str, deadline: float) -> dict[str, int]:
 
 
 def recover(
-    server: Any,
+    server: RunningServer,
     model: str,
     notify: Notify | None = _to_stderr,
     timeout_s: float = 120.0,
@@ -273,13 +274,13 @@ def recover(
     return recovery
 
 
-def recover_all(server: Any, notify: Notify | None = _to_stderr) -> list[Recovery]:
+def recover_all(server: RunningServer, notify: Notify | None = _to_stderr) -> list[Recovery]:
     """Check every READY model and recover each one with a dead stub (local target)."""
     return [recover(server, model, notify=notify) for model in sorted(check_stubs(server))]
 
 
 def infer_with_recovery(
-    server: Any,
+    server: RunningServer,
     model: str,
     inputs: Mapping[str, Any],
     notify: Notify | None = _to_stderr,

@@ -6,6 +6,7 @@ from typing import Any
 
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 BATCHER_CONCURRENCY = 32
 BATCHER_P99_MS = 100.0
@@ -26,7 +27,7 @@ BATCHER_SPEEDUP = 4.0
     ),
     models=("cost_model",),
 )
-def _check_tune_the_batcher(answer: Any, server: Any) -> str:
+def _check_tune_the_batcher(answer: Any, server: RunningServer | None) -> str:
     """Relative throughput (machine speed cancels out), absolute p99 (the learner's bound)."""
     import contextlib
 

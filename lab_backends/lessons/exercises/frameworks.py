@@ -10,6 +10,7 @@ from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.frameworks import MAX_BATCH, WRAPPED, agreement, held_out
 from lab_backends.measure import stats as _stats
+from lab_backends.server.running import RunningServer
 
 EXERCISE_ROWS = 150
 
@@ -27,7 +28,7 @@ EXERCISE_ROWS = 150
     ),
     models=("digits_torch", "digits_onnx"),
 )
-def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarray], server: Any) -> str:
+def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarray], server: RunningServer | None) -> str:
     """Checker of exercise ``framework_agreement`` (registered in :mod:`lab_backends.lessons.exercises`).
 
     The learner's ``logits_of(server, model, images)`` must get LOGITS for 150 raw images from the

@@ -9,6 +9,7 @@ import numpy as np
 
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 CANARY_MODEL = "canary"
 
@@ -25,7 +26,7 @@ CANARY_MODEL = "canary"
     ),
     models=(),
 )
-def _check_canary_versions(answer: Callable[[Any, str], Any], server: Any) -> str:
+def _check_canary_versions(answer: Callable[[Any, str], Any], server: RunningServer | None) -> str:
     import tempfile
 
     from lab_backends.client.infer import infer

@@ -10,6 +10,7 @@ from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.pipelines import same_answer
 from lab_backends.measure import stats as _stats
 from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.running import RunningServer
 
 LEARNER_ENSEMBLE = "my_ensemble_c"
 EXERCISE_ROWS = 24
@@ -27,7 +28,7 @@ EXERCISE_ROWS = 24
     ),
     models=(),
 )
-def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Any) -> str:
+def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: RunningServer | None) -> str:
     """Checker of exercise ``ensemble_with_c_preprocess`` (registered in :mod:`lab_backends.lessons.exercises`).
 
     ``answer(config)`` gets a copy of ``digits_ensemble``'s config and returns the config (a
@@ -41,12 +42,7 @@ def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Any)
     from lab_backends.client.infer import infer
     from lab_backends.digits.data import load_split
     from lab_backends.errors import ModelConfigError
-    from lab_backends.server.repository import (
-        ModelConfig,
-        config_text,
-        parse_config,
-        read_config,
-    )
+    from lab_backends.server.repository import ModelConfig, config_text, parse_config, read_config
     from lab_backends.server.triton_server import TritonServer
 
     given = read_config(MODEL_REPOSITORY / "digits_ensemble")

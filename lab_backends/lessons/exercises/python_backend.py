@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 PREPROCESS_MODEL = "learner_preprocess"
 
@@ -24,7 +23,7 @@ PREPROCESS_MODEL = "learner_preprocess"
     ),
     models=(),
 )
-def _check_preprocess_backend(answer: str | None, server: Any) -> str:
+def _check_preprocess_backend(answer: str | None, server: RunningServer | None) -> str:
     """Serve the learner's source on a server of our own: a broken model must not hurt theirs."""
     import tempfile
 

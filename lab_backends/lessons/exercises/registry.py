@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.running import RunningServer
 
 SOLUTIONS_DIR = PROJECT_ROOT / "notebooks" / "solutions"
 
@@ -88,7 +89,7 @@ def task(name: str) -> str:
     return get(name).task
 
 
-def check(name: str, answer: Any, server: Any = None, quiet: bool = False) -> Result:
+def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bool = False) -> Result:
     """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None)."""
     ex = get(name)
     if server is None and ex.models:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from lab_backends import rest
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 
-def _post_json(server: Any, model: str, body: bytes) -> tuple[int, bytes]:
+def _post_json(server: RunningServer | None, model: str, body: bytes) -> tuple[int, bytes]:
     return rest.request(
         f"http://{server.http_url}/v2/models/{model}/infer", "POST", body,
         {"Content-Type": "application/json"}, timeout=30,
@@ -30,7 +31,7 @@ def _post_json(server: Any, model: str, body: bytes) -> tuple[int, bytes]:
     ),
     models=("cost_model",),
 )
-def _check_kserve_json_body(answer: Callable[[np.ndarray], dict], server: Any) -> str:
+def _check_kserve_json_body(answer: Callable[[np.ndarray], dict], server: RunningServer | None) -> str:
     rng = np.random.default_rng(7)
     for batch in (1, 3):
         x = rng.standard_normal((batch, 16)).astype(np.float32)

@@ -8,6 +8,7 @@ import numpy as np
 
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 
 @exercise(
@@ -25,7 +26,7 @@ from lab_backends.lessons.exercises.registry import exercise
     ),
     models=("running_mean",),
 )
-def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: Any) -> str:
+def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: RunningServer | None) -> str:
     """Random IDs and values each time, so a hard-coded answer cannot pass."""
     import contextlib
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.server.running import RunningServer
 
 
 @exercise(
@@ -22,7 +23,7 @@ from lab_backends.lessons.exercises.registry import exercise
     ),
     models=(),
 )
-def _check_longest_queue(answer: Callable[[Any], str], server: Any) -> str:
+def _check_longest_queue(answer: Callable[[Any], str], server: RunningServer | None) -> str:
     import contextlib
     import tempfile
     import uuid
