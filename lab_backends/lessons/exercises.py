@@ -558,3 +558,8 @@ def _check_tune_the_batcher(answer: Any, server: Any) -> str:
         raise ExerciseError(f"measured {measured}: p99 is over {BATCHER_P99_MS:g} ms; shorten max_queue_delay or "
                             "add a preferred batch size that the load can fill")
     return f"{measured}: fast and within the p99 bound."
+
+
+# ---------------------------------------------------------------------------------------- 09: a C backend
+from lab_backends.lessons import c_lab as _c_lab  # noqa: E402  (the checker lives in its own module)
+exercise(_c_lab.NAME, notebook="09_backend_c_api", task=_c_lab.TASK, models=())(_c_lab.check_clip_answer)
