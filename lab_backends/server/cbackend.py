@@ -1,7 +1,9 @@
 """Build Triton backends written in C with plain ``gcc``: no CMake, no upstream repositories.
 
-Triton loads a backend named ``<name>`` from ``<backend dir>/<name>/libtriton_<name>.so`` and looks
-its entry points (``TRITONBACKEND_ModelInstanceExecute`` at least) up by name. Two choices here
+Triton loads a backend named ``<name>`` from ``libtriton_<name>.so`` (or the config's ``runtime``),
+searching the model's version folder, the model folder, then ``<backend dir>/<name>/`` - where we
+install ours (notebook 09 shows the search on a real server) - and looks its entry points
+(``TRITONBACKEND_ModelInstanceExecute`` at least) up by name. Two choices here
 turn runtime surprises into build errors:
 
 * the library is linked against the server library bundled in the wheel with ``-Wl,-z,defs``,
@@ -35,7 +37,7 @@ CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=
 
 
 def library_path(name: str, backend_dir: Path = BACKEND_DIR) -> Path:
-    """Where Triton looks for backend ``name``: ``<backend_dir>/<name>/libtriton_<name>.so``."""
+    """Where we install backend ``name`` (Triton's global place): ``<backend_dir>/<name>/libtriton_<name>.so``."""
     return Path(backend_dir) / name / f"libtriton_{name}.so"
 
 
