@@ -193,7 +193,9 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | 
     for model in dict.fromkeys(loadgen.get("model", [])):
         part = loadgen[loadgen.model == model]
         tools = dict(zip(part.tool, part.throughput_rps))
-        if "wrk" in tools and "lab_backends.measure.loadgen http" in tools:
+        # Our HTTP generator, under its current name or the one older CSVs carry ("lab_backends.load http").
+        ours = next((t for t in tools if t.startswith("lab_backends") and t.endswith(" http")), None)
+        if "wrk" in tools and ours:
             note = "(target >= 0.95)" if model == "cost_model" else "(diagnostic: no model cost, the clients share the cores)"
-            lines.append(f"- {model}: our HTTP generator / wrk = {tools['lab_backends.measure.loadgen http'] / tools['wrk']:.2f} {note}")
+            lines.append(f"- {model}: our HTTP generator / wrk = {tools[ours] / tools['wrk']:.2f} {note}")
     return "\n".join(lines)
