@@ -6,7 +6,7 @@ Sub-commands:
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   build-models  train/export the digits models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
-  bench         ``bench batching [--quick]``: the batching benchmark -> bench/*.csv, bench/batching.png
+  bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
 """
 
 from __future__ import annotations
@@ -95,11 +95,13 @@ def _build_models(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """Benchmarks write files (CSV, PNG) and print their tables; they assert nothing."""
+    from lab_backends.measure.backend_cost import backends_bench
     from lab_backends.measure.bench import batching_bench
 
+    run = {"batching": batching_bench, "backends": backends_bench}[args.name]
     signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
     try:
-        batching_bench(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
+        run(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
     except (KeyboardInterrupt, _StopRequested):
         print("bench interrupted; its server was stopped", file=sys.stderr)
         return 130
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=_lab)
 
     bench = sub.add_parser("bench", help="run a benchmark and write its CSV/PNG files")
-    bench.add_argument("name", choices=["batching"], help="which benchmark")
+    bench.add_argument("name", choices=["batching", "backends"], help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
     bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
     bench.set_defaults(func=_bench)

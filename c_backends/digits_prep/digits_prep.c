@@ -96,10 +96,12 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     }
     err = TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL);
     if (err != NULL) {
+      /* The response is Triton's even when ResponseSend fails (tritonbackend.h: "The caller must
+       * not access or delete the response object after calling this function"; core frees it
+       * through a unique_ptr on every path). Deleting it here would be a double free: log, free
+       * the error, move on. */
       LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: send failed: %s", BACKEND, TRITONSERVER_ErrorMessage(err));
       TRITONSERVER_ErrorDelete(err);
-      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(response);
-      if (del != NULL) TRITONSERVER_ErrorDelete(del);
       continue;
     }
     ok[i] = true;

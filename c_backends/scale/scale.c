@@ -182,15 +182,19 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     TRITONSERVER_Error* err = send_output(&slots[i], out);
     if (err != NULL) {
       lab_send_error(slots[i].response, err);
+      slots[i].response = NULL;
       slots[i].ok = false;
       continue;
     }
     err = TRITONBACKEND_ResponseSend(slots[i].response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL);
-    if (err != NULL) { /* not sent: the response is still ours */
+    slots[i].response = NULL; /* Triton's now, whatever ResponseSend returns */
+    if (err != NULL) {
+      /* tritonbackend.h: ResponseSend "transfers ownership of the response object to Triton. The
+       * caller must not access or delete the response object after calling this function." That
+       * holds on failure too: core wraps the response in a unique_ptr before sending, so it is
+       * already freed here and a ResponseDelete would free it twice. Only the error is ours. */
       LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: send failed: %s", BACKEND, TRITONSERVER_ErrorMessage(err));
       TRITONSERVER_ErrorDelete(err);
-      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(slots[i].response);
-      if (del != NULL) TRITONSERVER_ErrorDelete(del);
       slots[i].ok = false;
       continue;
     }

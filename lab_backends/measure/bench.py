@@ -178,10 +178,13 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | 
     dyn = at("cost_model", "dynamic")
     if dyn is not None:
         lines.append(f"- cost_model c=16 dynamic: {dyn.throughput_rps / cost_model_ceiling(16):.2f} of the "
-                     f"{cost_model_ceiling(16):.0f} req/s ceiling (target >= 0.8)")
+                     f"{cost_model_ceiling(16):.0f} req/s ceiling (no target: the Python backend's hand-off caps it)")
     if cycle is not None and len(cycle):
-        allows = ", ".join(f"{r.tool} {r.server_bound:.2f}" for _, r in cycle.iterrows())
-        lines.append(f"  (the server alone, with an instant client, allows at most: {allows})")
+        # The targets of issue 15: a client is judged against what the server alone allows.
+        for _, r in cycle.iterrows():
+            ours_http = r.tool.startswith("lab_backends") and r.tool.endswith("http")
+            lines.append(f"- {r.tool}: {r.of_ceiling / r.server_bound:.2f} of what the server alone allows "
+                         f"({r.server_bound:.2f} of the ceiling){' (target >= 0.85)' if ours_http else ''}")
     for model, target in (("cost_model", 5), ("digits_torch", 2)):
         d, n = at(model, "dynamic"), at(model, "none")
         if d is not None and n is not None:
@@ -190,7 +193,9 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | 
     for model in dict.fromkeys(loadgen.get("model", [])):
         part = loadgen[loadgen.model == model]
         tools = dict(zip(part.tool, part.throughput_rps))
-        if "wrk" in tools and "lab_backends.measure.loadgen http" in tools:
-            note = "(target >= 0.9)" if model == "cost_model" else "(diagnostic: no model cost, the clients share the cores)"
-            lines.append(f"- {model}: our HTTP generator / wrk = {tools['lab_backends.measure.loadgen http'] / tools['wrk']:.2f} {note}")
+        # Our HTTP generator, under its current name or the one older CSVs carry ("lab_backends.load http").
+        ours = next((t for t in tools if t.startswith("lab_backends") and t.endswith(" http")), None)
+        if "wrk" in tools and ours:
+            note = "(target >= 0.95)" if model == "cost_model" else "(diagnostic: no model cost, the clients share the cores)"
+            lines.append(f"- {model}: our HTTP generator / wrk = {tools[ours] / tools['wrk']:.2f} {note}")
     return "\n".join(lines)

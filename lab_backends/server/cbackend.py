@@ -1,7 +1,9 @@
 """Build Triton backends written in C with plain ``gcc``: no CMake, no upstream repositories.
 
-Triton loads a backend named ``<name>`` from ``<backend dir>/<name>/libtriton_<name>.so`` and looks
-its entry points (``TRITONBACKEND_ModelInstanceExecute`` at least) up by name. Two choices here
+Triton loads a backend named ``<name>`` from ``libtriton_<name>.so`` (or the config's ``runtime``),
+searching the model's version folder, the model folder, then ``<backend dir>/<name>/`` - where we
+install ours (notebook 09 shows the search on a real server) - and looks its entry points
+(``TRITONBACKEND_ModelInstanceExecute`` at least) up by name. Two choices here
 turn runtime surprises into build errors:
 
 * the library is linked against the server library bundled in the wheel with ``-Wl,-z,defs``,
@@ -35,7 +37,7 @@ CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=
 
 
 def library_path(name: str, backend_dir: Path = BACKEND_DIR) -> Path:
-    """Where Triton looks for backend ``name``: ``<backend_dir>/<name>/libtriton_<name>.so``."""
+    """Where we install backend ``name`` (Triton's global place): ``<backend_dir>/<name>/libtriton_<name>.so``."""
     return Path(backend_dir) / name / f"libtriton_{name}.so"
 
 
@@ -91,11 +93,13 @@ def build(
     *,
     compiler: str | None = None,
     include_dirs: Iterable[str | Path] = (INCLUDE_DIR,),
+    extra_flags: Iterable[str] = (),
 ) -> Path:
     """Compile ``source`` into Triton backend ``name`` and return the library's path.
 
     Raises :class:`BackendBuildError` quoting the compiler when gcc is missing, the source does not
-    compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``).
+    compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``). ``extra_flags``
+    go to gcc after ours (the exercise checker adds ``-Werror``).
     """
     source = Path(source)
     if not source.is_file():
@@ -113,7 +117,7 @@ def build(
     os.close(fd)
     tmp = Path(tmp_name)
     command = [
-        cc, *CFLAGS, *(f"-I{d}" for d in include_dirs),
+        cc, *CFLAGS, *extra_flags, *(f"-I{d}" for d in include_dirs),
         "-shared", "-o", str(tmp), str(source),
         "-Wl,-z,defs",                               # every symbol must resolve now, not at load
         str(server_lib),                             # the API lives in libtritonserver.so

@@ -11,6 +11,7 @@ A new exercise: a module here named after the notebook's topic, a checker decora
 # The checkers, in notebook order; imported for their registration.
 from lab_backends.lessons.exercises import (  # noqa: F401, E402
     batching,
+    c_backend,
     frameworks,
     management,
     pipelines,
