@@ -251,7 +251,7 @@ def _check_preprocess_backend(answer: str | None, server: Any) -> str:
     import tempfile
 
     from lab_backends.lessons import authoring
-    from .digits.data import load_split, normalize
+    from lab_backends.digits.data import load_split, normalize
     from lab_backends.errors import ModelConfigError
     from lab_backends.server.triton_server import TritonServer
 

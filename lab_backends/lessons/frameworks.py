@@ -65,7 +65,7 @@ def served(name: str) -> ServedModel:
 # ------------------------------------------------------------------------------- the same answer?
 def held_out() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Held-out raw images (uint8 [N, 8, 8]), their labels, and the normalized PIXELS [N, 64]."""
-    from .digits.data import load_split, normalize
+    from lab_backends.digits.data import load_split, normalize
 
     split = load_split()
     return split.test_images, split.test_labels, normalize(split.test_images)
@@ -164,7 +164,7 @@ def thread_timings(
     import onnxruntime as ort
     import torch
 
-    from .digits.build import ARTIFACT_DIR
+    from lab_backends.digits.build import ARTIFACT_DIR
 
     torch_path = torch_path or ARTIFACT_DIR / "model.pt"
     onnx_path = onnx_path or ARTIFACT_DIR / "model.onnx"
@@ -297,7 +297,7 @@ def check_agreement_answer(answer: Any, server: Any) -> str:
     import contextlib
 
     from lab_backends.digits import reference
-    from .digits.data import normalize
+    from lab_backends.digits.data import normalize
     from lab_backends.errors import ExerciseError
     from lab_backends.server.triton_server import TritonServer
 

@@ -157,7 +157,7 @@ def check_ensemble_c_answer(answer: Any, server: Any = None) -> str:
     import tempfile
 
     from lab_backends.client.infer import infer
-    from .digits.data import load_split
+    from lab_backends.digits.data import load_split
     from lab_backends.errors import ExerciseError, ModelConfigError
     from lab_backends.server.repository import ModelConfig, config_text, parse_config, read_config
     from lab_backends.server.triton_server import TritonServer
