@@ -49,7 +49,7 @@ test: setup browser-deps
 	$(PY) -m lab_backends.book render
 	$(PY) -m pytest tests/check_book.py
 
-# The book: every notebook executed at full size (about 25 minutes; LAB_PATIENT=1 runs the demos that
+# The book: every notebook executed at full size (7 min measured on 2 busy cores; LAB_PATIENT=1 runs the demos that
 # wait out a real clock), rendered with outputs and plots into build/book/ (open build/book/index.html).
 # `make test` renders the same book from the notebooks nbval executed (no second run).
 book: setup
