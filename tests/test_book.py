@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_backends.book import capture, render as render_mod
+from lab_backends.book import capture
+from lab_backends.book import render as render_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,8 @@ def _tiny_notebook(path: Path) -> Path:
     book.cells = [
         nbformat.v4.new_markdown_cell("# 98 · A tiny lesson\n**What you will learn**: nothing"),
         nbformat.v4.new_code_cell("print('✓ it ran')"),
-        nbformat.v4.new_code_cell("%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"),
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport matplotlib.pyplot as plt\n"
+                                  "plt.plot([1, 2, 3])\nplt.show()"),
     ]
     nbformat.write(book, path)
     return path

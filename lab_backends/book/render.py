@@ -28,7 +28,8 @@ STYLE = """
 .lab-book-nav select { font: inherit; max-width: 40em; }
 .lab-book-note { font: 13px system-ui, sans-serif; color: #374151; background: #fef3c7; padding: 6px 16px; }
 .lab-book-index { max-width: 60em; margin: 0 auto; padding: 0 16px 48px; font: 15px/1.55 system-ui, sans-serif; }
-.lab-book-index table { border-collapse: collapse; } .lab-book-index td, .lab-book-index th { border: 1px solid #d1d5db; padding: 4px 8px; }
+.lab-book-index table { border-collapse: collapse; }
+.lab-book-index td, .lab-book-index th { border: 1px solid #d1d5db; padding: 4px 8px; }
 .lab-book-index pre { background: #f3f4f6; padding: 8px; overflow-x: auto; }
 </style>
 """
@@ -58,7 +59,8 @@ def _nav(pages: list[tuple[str, str]], current: int | None) -> str:
         parts.append(f'<a href="{pages[current - 1][0]}">&larr; previous</a>')
     if current is not None and current + 1 < len(pages):
         parts.append(f'<a href="{pages[current + 1][0]}">next &rarr;</a>')
-    parts.append(f'<select onchange="location.href=this.value"><option value="index.html">lessons…</option>{options}</select></nav>')
+    parts.append('<select onchange="location.href=this.value"><option value="index.html">lessons…</option>'
+                 f"{options}</select></nav>")
     return "".join(parts)
 
 
@@ -70,7 +72,8 @@ def _note(book: nbformat.NotebookNode) -> str:
     failed = meta.get("failed_cells") or []
     text = (f"Executed by {html.escape(str(meta.get('executed_by', '?')))}, {size}; "
             f"{meta.get('cells_run', '?')} of {meta.get('code_cells', '?')} code cells ran"
-            + (f"; cells that FAILED: {failed}" if failed else "") + ". Numbers differ from run to run and machine to machine.")
+            + (f"; cells that FAILED: {failed}" if failed else "")
+            + ". Numbers differ from run to run and machine to machine.")
     return f'<div class="lab-book-note">{text}</div>'
 
 
