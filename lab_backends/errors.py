@@ -97,3 +97,10 @@ class StreamingError(LabBackendsError):
 
 class SequenceError(LabBackendsError):
     """A stateful sequence was driven wrongly (no values, an unknown correlation ID, a bad step)."""
+
+
+class MeasuredClaimError(LabBackendsError, AssertionError):
+    """A timing claim did not hold twice in a row (the second time over a longer window).
+
+    An AssertionError too, so that nbval and ``pytest`` report it like any failed check.
+    """

@@ -11,7 +11,8 @@ three questions, one function each:
 
 On a GPU server (the NGC image from docker-compose, which also serves ``model_repository_gpu``)
 :func:`gpu_status` finds the native ``onnxruntime``/``libtorch`` models on ``KIND_GPU`` instances,
-and :data:`NATIVE` says which tensor names they use (libtorch has no names: ``PIXELS__0``).
+and :data:`NATIVE` says which tensor names they use (libtorch: ``PIXELS__0`` by the
+``<name>__<index>`` convention; forward()'s argument name ``pixels`` would do for the input too).
 """
 
 from __future__ import annotations
