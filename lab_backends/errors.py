@@ -97,3 +97,7 @@ class StreamingError(LabBackendsError):
 
 class SequenceError(LabBackendsError):
     """A stateful sequence was driven wrongly (no values, an unknown correlation ID, a bad step)."""
+
+
+class DeployError(LabBackendsError):
+    """A deploy/ folder could not be rendered (kustomization or manifest problem)."""
