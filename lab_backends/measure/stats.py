@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
+from lab_backends.server.endpoints import summed_statistics  # issue-18 hook
 from lab_backends.waiting import poll
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
@@ -33,6 +34,8 @@ def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> d
     Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
     any thread (the latter is gevent-based and must stay on one thread), e.g. during a load.
     """
+    if len(getattr(server, "endpoints", ())) > 1:  # issue-18 hook: counts summed over the pods
+        return summed_statistics(server, model, timeout_s)
     path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
     status, body = rest.request(f"http://{server.http_url}{path}", headers=server.admin_headers, timeout=timeout_s)
     if status != 200:

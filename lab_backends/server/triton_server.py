@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lab_backends.server import bundle as _bundle
+from lab_backends.server import endpoints as _endpoints  # issue-18 hook: per-pod endpoints
 from lab_backends import rest
 from lab_backends.errors import (
     LabBackendsError,
@@ -113,6 +114,9 @@ class TritonServer:
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._remote_http = url or os.environ.get("TRITON_URL")
         self._remote_grpc = grpc_url or os.environ.get("TRITON_GRPC_URL")
+        # issue-18 hook: the pods of a multi-replica remote server (a list in TRITON_URL or TRITON_PODS)
+        self.endpoints = _endpoints.pod_endpoints(self._remote_http) if target == "remote" else []
+        self._remote_http = _endpoints.primary_url(self._remote_http)
         self.backend_dir = Path(backend_dir) if backend_dir else BACKEND_DIR
         self._run_dir_arg = Path(run_dir) if run_dir else None
         self.run_dir: Path | None = None
@@ -510,6 +514,8 @@ class TritonServer:
 
     def statistics(self, name: str = "") -> dict:
         """The statistics API (restricted: the admin key is sent for you)."""
+        if len(self.endpoints) > 1:  # issue-18 hook: counts summed over the pods
+            return _endpoints.summed_statistics(self, name)
         return self.http_client.get_inference_statistics(name, headers=self.admin_headers)
 
 
