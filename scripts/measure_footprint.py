@@ -46,7 +46,8 @@ def run_one(notebook: Path) -> dict:
         output = proc.communicate(timeout=60)[0].decode(errors="replace")
     result = sampler.result().as_dict()
     result["passed"] = proc.returncode == 0
-    result["tail"] = output.strip().splitlines()[-1:] if output.strip() else []
+    lines = output.strip().splitlines()
+    result["tail"] = lines[-1:] if proc.returncode == 0 else [ln for ln in lines if ln.startswith(("FAILED", "E  "))][:12] + lines[-1:]
     return result
 
 

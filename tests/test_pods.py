@@ -117,3 +117,21 @@ def test_shared_server_lessons_fall_back_to_the_embedded_server() -> None:
     assert endpoints.fallback_target("config-override", {}, said.append) is None
     with pytest.raises(Exception, match="choose one of"):
         endpoints.fallback_target("nope", shared)
+
+
+@pytest.mark.server
+def test_footprint_sampler_sees_both_servers_and_their_requests(two_pods) -> None:
+    """The sampler behind docs/scale.md, on this test process's own servers."""
+    import os
+
+    from lab_backends.measure.footprint import Sampler
+
+    (a, b), _ = two_pods
+    sampler = Sampler(os.getpid())
+    sampler.sample()
+    for _ in range(4):
+        infer(b, "echo", {"INPUT0": np.ones(4, np.float32)})
+    poll(lambda: sampler.sample() or sampler.fp.requests.get("echo", 0), lambda n: n >= 4, 5.0, 0.1)
+    result = sampler.result()
+    assert result.servers == 2 and result.peak_server_rss_mb > 0
+    assert result.requests["echo"] >= 4 and result.stream[-1][1] == "echo"

@@ -35,8 +35,8 @@ class ServerSeen:
     pid: int
     http_port: int
     admin_key: str
-    #: model -> (requests, server ns) at the last snapshot, cumulative.
-    last: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: model -> (requests, server ns, compute ns, executions) at the last snapshot, cumulative.
+    last: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,7 +53,8 @@ class Footprint:
     requests: dict[str, int] = field(default_factory=dict)
     #: model -> peak mean requests in the server over one interval.
     peak_concurrency: dict[str, float] = field(default_factory=dict)
-    #: [t_s, model, requests, server_ns] per interval with traffic: the stream to replay.
+    #: [t_s, model, requests, server_ns, busy_ns] per interval with traffic: the stream to replay.
+    #: ``busy_ns``: time the model's instance was busy for them (compute, shared by a batch).
     stream: list[list[Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def _server_of(proc: psutil.Process) -> ServerSeen | None:
     return ServerSeen(proc.pid, int(flags["--http-port"]), key.group(1) if key else "")
 
 
-def _model_totals(server: ServerSeen) -> dict[str, tuple[int, int]]:
+def _model_totals(server: ServerSeen) -> dict[str, tuple[int, ...]]:
     headers = {"admin-key": server.admin_key} if server.admin_key else {}
     try:
         status, body = rest.request(f"http://127.0.0.1:{server.http_port}/v2/models/stats", headers=headers,
@@ -81,11 +82,14 @@ def _model_totals(server: ServerSeen) -> dict[str, tuple[int, int]]:
         return {}
     if status != 200:
         return {}
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for entry in json.loads(body).get("model_stats", []):
-        success = entry.get("inference_stats", {}).get("success", {})
-        n, ns = out.get(entry["name"], (0, 0))
-        out[entry["name"]] = (n + int(success.get("count", 0)), ns + int(success.get("ns", 0)))
+        stats = entry.get("inference_stats", {})
+        compute = sum(int(stats.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+        now = (int(stats.get("success", {}).get("count", 0)), int(stats.get("success", {}).get("ns", 0)), compute,
+               int(entry.get("execution_count", 0)))
+        before = out.get(entry["name"], (0, 0, 0, 0))
+        out[entry["name"]] = tuple(a + b for a, b in zip(before, now))
     return out
 
 
@@ -132,14 +136,17 @@ class Sampler:
         self.fp.peak_kernel_rss_mb = max(self.fp.peak_kernel_rss_mb, kernel_rss / 2**20)
         dt = max(now - self._t_last, 1e-3)
         for server in self._servers.values():
-            for model, (n, ns) in _model_totals(server).items():
-                n0, ns0 = server.last.get(model, (0, 0))
+            for model, (n, ns, compute, execs) in _model_totals(server).items():
+                n0, ns0, compute0, execs0 = server.last.get(model, (0, 0, 0, 0))
                 if n > n0:
-                    self.fp.stream.append([round(now, 2), model, n - n0, ns - ns0])
+                    # Every request of a batch is charged the batch's compute time: the instance was
+                    # busy for compute / (requests per execution).
+                    busy = (compute - compute0) * max(execs - execs0, 1) // (n - n0)
+                    self.fp.stream.append([round(now, 2), model, n - n0, ns - ns0, busy])
                     self.fp.requests[model] = self.fp.requests.get(model, 0) + n - n0
                     conc = (ns - ns0) / 1e9 / dt
                     self.fp.peak_concurrency[model] = round(max(self.fp.peak_concurrency.get(model, 0.0), conc), 2)
-                server.last[model] = (n, ns)
+                server.last[model] = (n, ns, compute, execs)
         self._t_last = now
 
     def result(self) -> Footprint:
