@@ -51,7 +51,24 @@ def run_one(notebook: Path) -> dict:
     return result
 
 
+def markdown(results: dict) -> str:
+    """The table docs/scale.md quotes."""
+    head = ("| notebook | wall s | server+stubs peak MB | kernel peak MB | server CPU s | kernel CPU s | "
+            "requests | peak concurrency | requests per model | cells passed |")
+    rows = [head, "|" + "---|" * 10]
+    for name, r in sorted(results.items()):
+        per_model = ", ".join(f"{m} {n}" for m, n in sorted(r["requests"].items(), key=lambda kv: -kv[1]))
+        rows.append(f"| {name} | {r['wall_s']} | {r['peak_server_rss_mb']} | {r['peak_kernel_rss_mb']} | "
+                    f"{r['server_cpu_s']} | {r['kernel_cpu_s']} | {sum(r['requests'].values())} | "
+                    f"{max(r['peak_concurrency'].values(), default=0.0)} | {per_model or '-'} | "
+                    f"{'all' if r['passed'] else r['tail'][-1]} |")
+    return "\n".join(rows)
+
+
 def main(paths: list[str]) -> int:
+    if paths == ["--table"]:
+        print(markdown(json.loads((OUT / "footprint.json").read_text())))
+        return 0
     OUT.mkdir(parents=True, exist_ok=True)
     target = OUT / "footprint.json"
     results = json.loads(target.read_text()) if target.exists() else {}

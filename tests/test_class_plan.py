@@ -43,6 +43,17 @@ def test_plan_searches_the_fewest_replicas_that_meet_the_bound() -> None:
     assert "sticky" in class_plan.report(result)
 
 
+def test_batching_serves_a_burst_in_fewer_executions() -> None:
+    fp = _footprint(1, 100.0)
+    fp["nb"]["batches"] = {"m": {"1": [10, 10 * 110_000_000], "4": [10, 10 * 140_000_000]}}
+    cost = class_plan.execution_costs(fp)["m"]
+    assert cost.max_batch == 4
+    assert cost.fixed_s == pytest.approx(0.1) and cost.per_item_s == pytest.approx(0.01)
+    reqs = class_plan.arrivals(fp, learners=4, stagger_s=0.0, think_s=0.0)
+    # All four arrive together: one execution of 4 = 140 ms for everyone (FIFO alone: up to 440 ms).
+    assert class_plan.simulate(reqs, {"m": cost}, replicas=1).max_ms == pytest.approx(140.0)
+
+
 def test_staggered_starts_queue_less() -> None:
     fp = _footprint(5, 20.0)
     service = class_plan.service_times(fp)

@@ -37,6 +37,8 @@ class ServerSeen:
     admin_key: str
     #: model -> (requests, server ns, compute ns, executions) at the last snapshot, cumulative.
     last: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: model -> batch size -> [executions, compute ns], cumulative, at the last snapshot.
+    batches: dict[str, dict[int, list[int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Footprint:
     requests: dict[str, int] = field(default_factory=dict)
     #: model -> peak mean requests in the server over one interval.
     peak_concurrency: dict[str, float] = field(default_factory=dict)
+    #: model -> batch size -> [executions, compute ns of those executions] (all servers of the run).
+    batches: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     #: [t_s, model, requests, server_ns, busy_ns] per interval with traffic: the stream to replay.
     #: ``busy_ns``: time the model's instance was busy for them (compute, shared by a batch).
     stream: list[list[Any]] = field(default_factory=list)
@@ -74,6 +78,7 @@ def _server_of(proc: psutil.Process) -> ServerSeen | None:
 
 
 def _model_totals(server: ServerSeen) -> dict[str, tuple[int, ...]]:
+    """Per model: (requests, server ns, compute ns, executions); batch stats go to ``server.batches``."""
     headers = {"admin-key": server.admin_key} if server.admin_key else {}
     try:
         status, body = rest.request(f"http://127.0.0.1:{server.http_port}/v2/models/stats", headers=headers,
@@ -88,6 +93,10 @@ def _model_totals(server: ServerSeen) -> dict[str, tuple[int, ...]]:
         compute = sum(int(stats.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
         now = (int(stats.get("success", {}).get("count", 0)), int(stats.get("success", {}).get("ns", 0)), compute,
                int(entry.get("execution_count", 0)))
+        sizes = server.batches.setdefault(entry["name"], {})
+        for batch in entry.get("batch_stats", []) or []:
+            ns = sum(int(batch.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+            sizes[int(batch["batch_size"])] = [int(batch.get("compute_infer", {}).get("count", 0)), ns]
         before = out.get(entry["name"], (0, 0, 0, 0))
         out[entry["name"]] = tuple(a + b for a, b in zip(before, now))
     return out
@@ -156,6 +165,12 @@ class Sampler:
         self.fp.peak_server_rss_mb = round(self.fp.peak_server_rss_mb, 1)
         self.fp.peak_kernel_rss_mb = round(self.fp.peak_kernel_rss_mb, 1)
         self.fp.servers = len(self._servers)
+        for server in self._servers.values():
+            for model, sizes in server.batches.items():
+                into = self.fp.batches.setdefault(model, {})
+                for size, (count, ns) in sizes.items():
+                    old = into.get(size, [0, 0])
+                    into[size] = [old[0] + count, old[1] + ns]
         return self.fp
 
 

@@ -48,7 +48,7 @@ def _triton_type(data_type: int) -> str:
 
 
 def _learner(url: str, stream: Sequence[tuple[float, str, int]], inputs: dict[str, list], t0: float,
-             max_requests: int, out: list[tuple[str, float]], errors: list[str], pending: list[int]) -> None:
+             max_requests: int, out: list[tuple[str, float, float]], errors: list[str], pending: list[int]) -> None:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -68,7 +68,7 @@ def _learner(url: str, stream: Sequence[tuple[float, str, int]], inputs: dict[st
                         if error is not None:
                             errors.append(str(error)[:200])
                         else:
-                            out.append((model, time.monotonic() - start))
+                            out.append((model, time.monotonic() - start, start - t0))
                         pending[0] -= 1
 
                 with lock:
@@ -83,14 +83,18 @@ def _learner(url: str, stream: Sequence[tuple[float, str, int]], inputs: dict[st
 
 
 def replay(server: Any, streams: Iterable[Sequence[tuple[float, str, int]]], max_requests: int = 5000,
-           deadline_s: float = 300.0) -> tuple[list[tuple[str, float]], list[str]]:
-    """Send every learner's stream at once; returns ((model, latency s) per answer, errors)."""
+           deadline_s: float = 300.0) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """Send every learner's stream at once; returns ((model, latency s, sent at s) per answer, errors).
+
+    ``sent at`` is when the request really left (a busy client falls behind the recorded pace), so
+    the simulator can be given the arrivals the server actually saw.
+    """
     streams = [list(s) for s in streams]
     models = sorted({m for s in streams for _, m, _ in s})
     if not models:
         raise LabBackendsError("nothing to replay: the streams hold no requests")
     inputs = {m: example_inputs(server, m) for m in models}
-    latencies: list[tuple[str, float]] = []
+    latencies: list[tuple[str, float, float]] = []
     errors: list[str] = []
     t0 = time.monotonic() + 0.5
     threads = []
