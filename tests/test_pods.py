@@ -47,6 +47,7 @@ def remote(two_pods, monkeypatch):
     monkeypatch.delenv("TRITON_ADMIN_KEY", raising=False)
     monkeypatch.delenv("TRITON_PODS", raising=False)
     monkeypatch.setenv("TRITON_TRACE_FILE", str(traces / "{pod}" / "trace.json"))
+    monkeypatch.setenv("TRITON_METRICS_URL", f"{a.metrics_url},{b.metrics_url}")  # pods on one host: own ports
     server = TritonServer(url=f"http://{a.http_url}, http://{b.http_url}").start()
     yield server
     server.stop()
@@ -72,6 +73,14 @@ def test_statistics_are_summed_over_the_pods(two_pods, remote) -> None:
     assert summed == total_before + 8
     per_pod = [_count(stats.fetch_statistics(s, "echo")) - before[s.http_url] for s in (a, b)]
     assert per_pod == [3, 5]
+    # Prometheus, summed the same way (counters per model label, added over the pods).
+    def success(server) -> float:
+        page = stats.parse_metrics(stats.scrape_metrics(server))
+        return sum(v for (name, labels), v in page.samples.items()
+                   if name == "nv_inference_request_success" and ("model", "echo") in labels)
+
+    assert poll(lambda: success(remote), lambda v: v == success(a) + success(b), 5.0, 0.1) == success(a) + success(b)
+    assert success(remote) >= success(b) + 3 > success(b)
     # TritonServer.statistics (tritonclient, one pod otherwise) and the window arithmetic agree.
     assert _count(remote.statistics("echo")) == summed
     assert stats.totals(remote.statistics("echo"), "echo").executions >= 8
@@ -103,6 +112,8 @@ def test_endpoints_from_a_list_and_from_a_headless_name() -> None:
     assert [(e.pod, e.http_url) for e in listed] == [("triton-0", "triton-0.pods.ns.svc:8000"),
                                                       ("triton-1", "triton-1.pods.ns.svc:8000")]
     assert endpoints.pod_endpoints("http://one:8000", env={}) == []
+    assert endpoints.pod_metrics_url(listed[1], "http://triton.ns.svc:8002/metrics") == \
+        "http://triton-1.pods.ns.svc:8002/metrics"
     # A headless Service answers one address per pod; "localhost" stands in for it here.
     (local,) = endpoints.pod_endpoints("http://svc:9000", env={"TRITON_PODS": "localhost"})[:1]
     assert local.http_url.endswith(":9000")

@@ -48,6 +48,10 @@ def fetch_statistics(server: Any, model: str = "", timeout_s: float = 10.0) -> d
 
 def scrape_metrics(server: Any, timeout_s: float = 10.0) -> str:
     """The Prometheus text page (``/metrics``); it is not restricted."""
+    if len(getattr(server, "endpoints", ())) > 1:  # issue-18 hook: every pod's page, summed
+        from lab_backends.measure.pods import summed_metrics
+
+        return summed_metrics(server, timeout_s)
     status, body = rest.request(server.metrics_url, timeout=timeout_s)
     if status != 200:
         raise StatisticsError(f"the metrics page {server.metrics_url} answered HTTP {status}: {body[:200]!r}")

@@ -38,6 +38,8 @@ class Endpoint:
 
     http_url: str
     pod: str
+    #: This pod's Prometheus page (full URL); ``None``: its host with the metrics port of TRITON_METRICS_URL.
+    metrics_url: str | None = None
 
 
 def split_urls(value: str | None) -> list[str]:
@@ -86,8 +88,20 @@ def pod_endpoints(url: str | None, env: Mapping[str, str] | None = None) -> list
         port = int(urls[0].rpartition(":")[2]) if urls else 8000
         return resolve_headless(headless.strip(), port)
     if len(urls) > 1:
-        return [Endpoint(u, _pod_name(u.rpartition(":")[0])) for u in urls]
+        metrics = [m.strip() for m in env.get("TRITON_METRICS_URL", "").split(",") if m.strip()]
+        if len(metrics) != len(urls):
+            metrics = [None] * len(urls)  # type: ignore[list-item]
+        return [Endpoint(u, _pod_name(u.rpartition(":")[0]), m) for u, m in zip(urls, metrics)]
     return []
+
+
+def pod_metrics_url(pod: Endpoint, metrics_url: str) -> str:
+    """Where ``pod`` serves ``/metrics``: its own URL, or its host with the port of ``metrics_url``."""
+    if pod.metrics_url:
+        return pod.metrics_url
+    port = re.search(r":(\d+)(/|$)", _SCHEME.sub("", metrics_url))
+    host = pod.http_url.rpartition(":")[0]
+    return f"http://{host}:{port.group(1) if port else 8002}/metrics"
 
 
 def trace_files(template: str | Path) -> dict[str, Path]:
