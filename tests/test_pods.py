@@ -9,7 +9,6 @@ pod that served it, never from the other one (trace ids restart at 1 on every po
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
