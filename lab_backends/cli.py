@@ -7,6 +7,7 @@ Sub-commands:
   build-models  train/export the digits models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
   bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
+  plan-class    replicas and per-learner resources for a class (docs/scale.md)
 """
 
 from __future__ import annotations
@@ -150,6 +151,15 @@ def _lab(args: argparse.Namespace) -> int:
             return proc.wait()
 
 
+def _plan_class(args: argparse.Namespace) -> int:
+    """Simulate a class on the shared Triton from the measured footprint (docs/scale.md)."""
+    from lab_backends.measure.class_plan import plan, report
+
+    print(report(plan(args.learners, args.gpu_replicas, p99_bound_ms=args.p99_ms, stagger_s=args.stagger_s,
+                      think_s=args.think_s, speedup=args.speedup, instances=args.instances)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab-backends", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
     bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
     bench.set_defaults(func=_bench)
+
+    plan_class = sub.add_parser("plan-class", help="plan replicas and learner resources for a class")
+    plan_class.add_argument("--learners", type=int, required=True)
+    plan_class.add_argument("--gpu-replicas", type=int, help="simulate this many (default: the fewest that meet --p99-ms)")
+    plan_class.add_argument("--p99-ms", type=float, default=250.0, help="latency bound for the p99 (default 250)")
+    plan_class.add_argument("--stagger-s", type=float, default=600.0, help="learners start within this window")
+    plan_class.add_argument("--think-s", type=float, default=120.0, help="pause between notebooks")
+    plan_class.add_argument("--speedup", type=float, default=1.0, help="GPU replica speed vs this CPU (default 1)")
+    plan_class.add_argument("--instances", type=int, default=1, help="instances per model per replica")
+    plan_class.set_defaults(func=_plan_class)
     return parser
 
 

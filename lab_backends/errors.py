@@ -104,3 +104,7 @@ class MeasuredClaimError(LabBackendsError, AssertionError):
 
     An AssertionError too, so that nbval and ``pytest`` report it like any failed check.
     """
+
+
+class DeployError(LabBackendsError):
+    """A deploy/ folder could not be rendered (kustomization or manifest problem)."""

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
+from lab_backends.server.endpoints import summed_statistics
 from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll
 
@@ -34,6 +35,8 @@ def fetch_statistics(server: RunningServer, model: str = "", timeout_s: float = 
     Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
     any thread (the latter is gevent-based and must stay on one thread), e.g. during a load.
     """
+    if len(getattr(server, "endpoints", ())) > 1:  # a class server: counts summed over the pods
+        return summed_statistics(server, model, timeout_s)
     path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
     status, body = rest.request(f"http://{server.http_url}{path}", headers=server.admin_headers, timeout=timeout_s)
     if status != 200:
@@ -46,6 +49,10 @@ def fetch_statistics(server: RunningServer, model: str = "", timeout_s: float = 
 
 def scrape_metrics(server: RunningServer, timeout_s: float = 10.0) -> str:
     """The Prometheus text page (``/metrics``); it is not restricted."""
+    if len(getattr(server, "endpoints", ())) > 1:  # a class server: every pod's page, summed
+        from lab_backends.measure.pods import summed_metrics
+
+        return summed_metrics(server, timeout_s)
     status, body = rest.request(server.metrics_url, timeout=timeout_s)
     if status != 200:
         raise StatisticsError(f"the metrics page {server.metrics_url} answered HTTP {status}: {body[:200]!r}")

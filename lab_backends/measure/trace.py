@@ -129,6 +129,8 @@ def load(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
     already has the answer.
     """
     wanted = set(request_ids)
+    from lab_backends.measure.pods import pod_trace_file  # a class server: the file of the pod that served them
+    path = pod_trace_file(path, wanted, timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from lab_backends.errors import RemoteServerError
+from lab_backends.server.endpoints import pod_endpoints, primary_url
 from lab_backends.server.readiness import probe_ready
 from lab_backends.server.target import Target
 from lab_backends.waiting import poll
@@ -29,6 +30,10 @@ class RemoteTarget(Target):
 
     def __init__(self, url: str | None, grpc_url: str | None, startup_timeout_s: float) -> None:
         super().__init__()
+        # A list of pods in TRITON_URL (or TRITON_PODS, a headless Service): inference goes to the
+        # first; statistics, metrics and traces are read per pod (server/endpoints.py, measure/pods.py).
+        self.endpoints = pod_endpoints(url)
+        url = primary_url(url)
         self.url = url or ""
         self.startup_timeout_s = startup_timeout_s
         self._http = strip_scheme(self.url)

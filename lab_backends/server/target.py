@@ -30,6 +30,8 @@ class Target:
         self.run_dir: Path | None = None
         #: Models left out of the start because they would hang it, with the reason (local only).
         self.preflight: dict[str, str] = {}
+        #: The pods behind a multi-replica server (remote only; see :mod:`.endpoints`), else empty.
+        self.endpoints: list = []
 
     # ------------------------------------------------------------------ where it listens
     @property

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError, RemoteServerError
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY
+from lab_backends.server import endpoints as _endpoints
 from lab_backends.server.docker import DockerTarget
 from lab_backends.server.local import LocalTarget
 from lab_backends.server.logs import ServerLog
@@ -126,6 +127,11 @@ class TritonServer:
     @property
     def run_dir(self) -> Path | None:
         return self._target.run_dir
+
+    @property
+    def endpoints(self) -> list[_endpoints.Endpoint]:
+        """The pods of a multi-replica remote server (a list in ``TRITON_URL`` or ``TRITON_PODS``); else empty."""
+        return self._target.endpoints
 
     @property
     def process(self) -> subprocess.Popen | None:
@@ -290,5 +296,7 @@ class TritonServer:
 
     def statistics(self, name: str = "") -> dict:
         """The statistics API (restricted: the admin key is sent for you)."""
+        if len(self.endpoints) > 1:  # one answer for the class: counts summed over the pods
+            return _endpoints.summed_statistics(self, name)
         return self.http_client.get_inference_statistics(name, headers=self.admin_headers)
 
