@@ -115,9 +115,20 @@ def stages_in_order(log: TraceLog, request_id: str) -> bool:
 
 
 def stage_sum_ms(log: TraceLog, request_id: str) -> float:
-    """Sum of the top-level request's own stages (children run inside its ``pipeline`` stage)."""
+    """Time the request's own stages cover, overlaps counted once (children run inside ``pipeline``).
+
+    A plain sum would count twice the moment where ``send`` has begun while ``output`` is still
+    finishing; the union of the stage intervals is the server time a client can compare with.
+    """
     root = log.request(request_id)
-    return float(log.stages.loc[log.stages["trace_id"] == int(root["trace_id"]), "duration_ms"].sum())
+    own = log.stages.loc[log.stages["trace_id"] == int(root["trace_id"]), ["start_ns", "end_ns"]]
+    covered, reach = 0, None
+    for start, end in sorted((int(a), int(b)) for a, b in own.itertuples(index=False)):
+        if reach is None or start > reach:
+            covered, reach = covered + end - start, end
+        elif end > reach:
+            covered, reach = covered + end - reach, end
+    return covered / 1e6
 
 
 def window_table(window: Any) -> pd.DataFrame:
