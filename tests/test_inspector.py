@@ -149,3 +149,14 @@ def test_errors_end_in_the_panel_and_it_stays_usable(server) -> None:
     assert panel.send() is None and "digits_torch" in panel.error and not panel.send_button.disabled
     panel.model.value = "digits_ensemble"
     assert panel.send() is not None and panel.error == ""
+
+
+@pytest.mark.server
+def test_batch_of_eight_rejects_a_batcher_that_does_not_wait() -> None:
+    from lab_backends.errors import ExerciseError
+    from lab_backends.lessons import exercises
+
+    with pytest.raises(ExerciseError, match="only dynamic_batching"):
+        exercises.check("batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4})
+    with pytest.raises(ExerciseError, match="no dynamic_batching"):
+        exercises.check("batch_of_eight", {"dynamic_batching": None})
