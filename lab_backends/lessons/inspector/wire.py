@@ -77,6 +77,8 @@ class Sent:
     response_bytes: int
     latency_ms: float  # client round trip, for comparison with the server's trace only
     outputs: dict[str, np.ndarray]
+    #: REST binary only: bytes of the JSON header before the raw tensor data (None otherwise).
+    header_bytes: int | None = None
 
 
 def send(server: Any, model: str, fit: InputFit, protocol: str, request_id: str) -> Sent:
@@ -88,7 +90,7 @@ def send(server: Any, model: str, fit: InputFit, protocol: str, request_id: str)
     if front == "http":
         ex = wire_protocol.http_exchange(server, model, inputs, binary=binary, request_id=request_id)
         return Sent(protocol, request_id, ex.show(limit=1500), ex.request_size, ex.response_size,
-                    ex.elapsed_ms, ex.outputs)
+                    ex.elapsed_ms, ex.outputs, ex._json_size(ex.request_headers) if binary else None)
     gx = wire_protocol.grpc_exchange(server, model, inputs, request_id=request_id)
     return Sent(protocol, request_id, gx.show(), gx.request_size, gx.response_size, gx.elapsed_ms, gx.outputs)
 
