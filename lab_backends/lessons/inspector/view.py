@@ -95,8 +95,8 @@ class RequestInspector:
             self.send_button.disabled = self.burst_button.disabled = False
         self.last = result
         self.history.append(result)
+        self.show(result)  # the figures first: a status that says "answered" means the panel is complete
         self._set_status(result.summary())
-        self.show(result)
         return result
 
     def show(self, result: core.Inspection) -> None:
