@@ -160,3 +160,18 @@ def test_batch_of_eight_rejects_a_batcher_that_does_not_wait() -> None:
         exercises.check("batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4})
     with pytest.raises(ExerciseError, match="no dynamic_batching"):
         exercises.check("batch_of_eight", {"dynamic_batching": None})
+
+
+@pytest.mark.server
+def test_send_works_from_a_widget_callback_thread(server) -> None:
+    """ipykernel may run button callbacks on another thread than the cells: no gevent client there."""
+    import threading
+
+    server.model_config("digits_ensemble")  # tritonclient.http (gevent) now lives on this thread
+    panel = RequestInspector(server, models=("digits_ensemble",), protocol="REST binary")
+    panel.pad.set_image(stroke(SEVEN))
+    results: list = []
+    worker = threading.Thread(target=lambda: results.append(panel.send()))
+    worker.start()
+    worker.join(60)
+    assert results and results[0] is not None, panel.error

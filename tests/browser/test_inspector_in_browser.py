@@ -78,7 +78,12 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
                 panel.locator(".widget-button", has_text="Clear").first.click()
                 pad = panel.locator(".lab-digit-pad").first
                 pad.scroll_into_view_if_needed()
+                time.sleep(1.0)  # let the kernel's redraw of the cleared pad arrive
+                blank = pad.screenshot()
                 _draw(page, pad)
+                # The kernel paints the pad from the mouse events it received: a changed picture
+                # means the strokes reached the kernel's image, not only the browser.
+                _wait("the kernel to paint the strokes", lambda: pad.screenshot() != blank, 20)
                 page.screenshot(path=str(ARTIFACTS / "inspector-01-drawn.png"))
 
                 grpc_status = _send(page, panel, "gRPC")

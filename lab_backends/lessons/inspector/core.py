@@ -26,7 +26,7 @@ from lab_backends.measure.stats import ServerWindow
 from lab_backends.measure.trace import TraceLog
 
 from . import evidence
-from .wire import InputFit, Sent, class_scores, fit_input, send
+from .wire import InputFit, Sent, class_scores, fit_input, live_config, send
 
 #: Largest burst the panel may send (a bounded loop: one slider, one machine of 2 cores).
 MAX_BURST = 32
@@ -109,7 +109,7 @@ def inspect(server: Any, model: str, image: np.ndarray, protocol: str = "gRPC", 
         raise ProtocolError(f"a burst of {burst} is out of range: send 1..{MAX_BURST} copies")
     path = trace.trace_path(server)  # fails early, with how to fix it, on an untraced server
     before = stats.settled_statistics(server, model)  # also fails early if the model is not loaded
-    config = server.model_config(model)
+    config = live_config(server, model)
     fit = fit_input(config, image)
     rid = request_id or new_request_id()
     copies = [f"{rid}-copy{i}" for i in range(1, int(burst))]
@@ -127,6 +127,7 @@ def inspect(server: Any, model: str, image: np.ndarray, protocol: str = "gRPC", 
     log = trace.load(path, request_ids=[rid, *copies], timeout_s=trace_timeout_s).select([rid, *copies])
     scores, predicted, score_source = class_scores(sent.outputs)
     execs = evidence.executions(log, rid)
+    execs["instance"] = [evidence.instance_name(live_config(server, m)) for m in execs["model"]]
     front = "REST" if protocol.startswith("REST") else "gRPC"
     sources = {
         "wire": f"the bytes this process sent and received over {front} ({sent.request_bytes} B out, "

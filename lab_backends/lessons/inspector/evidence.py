@@ -98,6 +98,12 @@ def instance_of(config: Any) -> str:
             "(the config's instance_group declares them)")
 
 
+def instance_name(config: Any) -> str:
+    """Short form of :func:`instance_of` for a table column: ``<model>_0``, or ``1 of N`` when unknowable."""
+    count = sum(g.count or 1 for g in config.instance_group) if len(config.instance_group) else 1
+    return f"{config.name}_0" if count == 1 else f"1 of {count} (not in the trace)"
+
+
 def stages_in_order(log: TraceLog, request_id: str) -> bool:
     """True when the request's own stages start in the order a request flows (receive, queue, ..., send).
 

@@ -11,6 +11,7 @@ red line; the full text stays in :attr:`RequestInspector.error` and the panel st
 from __future__ import annotations
 
 import html
+import traceback
 from typing import Any
 
 from lab_backends.errors import LabBackendsError
@@ -69,9 +70,11 @@ class RequestInspector:
         return self.widget._repr_mimebundle_(**kwargs)
 
     def _loaded(self, model: str) -> bool:
-        try:
-            return bool(self.server.http_client.is_model_ready(model))
-        except Exception:  # noqa: BLE001 - a model the server does not know is simply not offered
+        from lab_backends import rest
+
+        try:  # plain REST, not tritonclient.http (gevent: one thread only)
+            return rest.request(f"http://{self.server.http_url}/v2/models/{model}/ready", timeout=5)[0] == 200
+        except OSError:
             return False
 
     def _set_status(self, text: str, error: bool = False) -> None:
@@ -91,6 +94,10 @@ class RequestInspector:
             self.error = str(exc)
             self._set_status(_short(exc), error=True)
             return None
+        except Exception as exc:  # noqa: BLE001 - a button callback's traceback is invisible: show it, keep it
+            self.error = traceback.format_exc()
+            self._set_status(f"unexpected {type(exc).__name__}: {_short(exc)} (full text in .error)", error=True)
+            return None
         finally:
             self.send_button.disabled = self.burst_button.disabled = False
         self.last = result
@@ -106,7 +113,7 @@ class RequestInspector:
         self.wire.value = ("<b>On the wire</b> (" + html.escape(result.sources["wire"]) + ")<pre style='max-height:"
                            "260px;overflow:auto;font-size:11px;border:1px solid #ddd;padding:4px'>"
                            + html.escape(result.sent.text) + "</pre>")
-        execs = result.executions[["model", "depth", "batch_size", "shared_with", "compute_ms"]].round(3)
+        execs = result.executions[["model", "instance", "batch_size", "shared_with", "compute_ms"]].round(3)
         sources = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in result.sources.items())
         self.details.value = (
             f"<b>Batch</b> (largest: {result.batch_size}) — executions that worked on this request:"

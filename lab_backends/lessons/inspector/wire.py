@@ -19,6 +19,26 @@ from lab_backends.client import protocol as wire_protocol
 from lab_backends.digits.data import MAX_PIXEL, NUM_CLASSES, normalize
 from lab_backends.errors import ProtocolError
 
+def live_config(server: Any, model: str) -> Any:
+    """The config ``model`` is served with, over plain REST (any thread may call this).
+
+    Not ``server.model_config``: that goes through ``tritonclient.http``, which is gevent-based and
+    fails ("Cannot switch to a different thread") when a widget's button callback runs on another
+    thread than the cell that created the client, as ipykernel does.
+    """
+    import json
+
+    from lab_backends import rest
+    from lab_backends.server.repository import config_from_json
+
+    status, body = rest.request(f"http://{server.http_url}/v2/models/{model}/config",
+                                headers=server.admin_headers, timeout=10)
+    if status != 200:
+        raise ProtocolError(f"{model!r} is not served (HTTP {status}: {body.decode(errors='replace')[:200]}); "
+                            f"load it first, e.g. server.load_model({model!r})")
+    return config_from_json(json.loads(body))
+
+
 #: The protocols a learner can pick: label -> (front end, binary body).
 PROTOCOLS = {"REST JSON": ("http", False), "REST binary": ("http", True), "gRPC": ("grpc", True)}
 
