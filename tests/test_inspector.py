@@ -38,6 +38,23 @@ def test_pad_maps_mouse_points_to_cells_and_paints_a_soft_brush() -> None:
     assert stroke(SEVEN).max() == 16 and stroke(SEVEN).tolist() == _json("meta.json")["image"]
 
 
+def test_pad_widget_paints_from_mouse_events_and_clears() -> None:
+    from lab_backends.lessons.inspector.pad import DigitPad
+
+    pad = DigitPad(examples=3)
+    pad._move(30, 30)  # moving without a pressed button draws nothing
+    assert not pad.image.any()
+    pad._down(30, 30)
+    pad._move(60, 30)
+    pad._up(60, 30)
+    pad._move(150, 150)
+    assert pad.image[1, 1] == pad.image[1, 2] == 16 and pad.image[6, 6] == 0
+    pad.picker.value = 2
+    assert np.array_equal(pad.image, pad.examples[2])
+    pad.clear()
+    assert not pad.image.any() and pad.picker.value == -1
+
+
 def test_batch_of_the_recorded_burst_comes_from_shared_compute_stamps(recorded) -> None:
     log, meta = recorded
     execs = evidence.executions(log, meta["burst"])
@@ -142,6 +159,9 @@ def test_panel_figures_match_the_trace_file_and_statistics(server, protocol) -> 
 
 @pytest.mark.server
 def test_errors_end_in_the_panel_and_it_stays_usable(server) -> None:
+    offered = list(RequestInspector(server).model.options)
+    assert offered == ["digits_ensemble", "digits_onnx"]  # from the server: what is loaded and fits
+    # (digits_preprocess takes the drawing but answers pixels, digits_postprocess takes LOGITS: not offered)
     panel = RequestInspector(server, models=("digits_ensemble", "digits_torch"))
     assert panel.send() is None and "blank" in panel.status.value and "blank" in panel.error
     panel.pad.set_image(stroke(SEVEN))

@@ -90,7 +90,7 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
                 binary_status = _send(page, panel, "REST binary")
                 for css in (".lab-inspector-answer", ".lab-inspector-waterfall"):
                     image = panel.locator(css).first
-                    _wait(f"{css} to show a picture", lambda: image.evaluate("img => img.naturalWidth > 0"), 20)
+                    _wait(f"{css} to show a picture", lambda image=image: image.evaluate("img => img.naturalWidth > 0"), 20)
                 wire_view = panel.locator(".lab-inspector-wire").first
                 _wait("the wire view of the REST binary request",
                       lambda: "Inference-Header-Content-Length" in wire_view.inner_text(), 20)

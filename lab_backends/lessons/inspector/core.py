@@ -138,6 +138,8 @@ def inspect(server: Any, model: str, image: np.ndarray, protocol: str = "gRPC", 
         "instance": "the model's live config (instance_group); the trace does not name instances",
         "statistics": f"GET /v2/models/{model}/stats before and after this send (delta)",
         "input": fit.how,
+        "burst": (f"{len(copies)} copies of the same tensor sent over gRPC at the same moment as yours"
+                  if copies else "none: your request went alone"),
     }
     return Inspection(model, protocol, rid, copies, fit, sent, scores, predicted, log, execs,
                       stats.window(before, after, model), evidence.instance_of(config), sources)

@@ -14,6 +14,8 @@ import html
 import traceback
 from typing import Any
 
+import numpy as np
+
 from lab_backends.errors import LabBackendsError
 
 from . import core, figures
@@ -39,7 +41,7 @@ class RequestInspector:
         import ipywidgets as w
 
         self.server = server
-        offered = list(models) if models else [m for m in MODELS if self._loaded(m)] or list(MODELS)
+        offered = list(models) if models else self.fitting_models() or list(MODELS)
         self.pad = DigitPad()
         self.model = w.Dropdown(options=offered, value=model if model in offered else offered[0],
                                 description="model")
@@ -69,13 +71,32 @@ class RequestInspector:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
 
-    def _loaded(self, model: str) -> bool:
+    def fitting_models(self) -> list[str]:
+        """Every READY model a drawing fills and whose answer holds class scores (digits models first).
+
+        The repository index is a restricted API (the admin key is sent); each candidate's live
+        config decides, through the same :func:`~.wire.fit_input` that builds the request.
+        """
+        import json
+
         from lab_backends import rest
 
-        try:  # plain REST, not tritonclient.http (gevent: one thread only)
-            return rest.request(f"http://{self.server.http_url}/v2/models/{model}/ready", timeout=5)[0] == 200
-        except OSError:
-            return False
+        from .wire import fit_input, live_config
+
+        status, body = rest.request(f"http://{self.server.http_url}/v2/repository/index", method="POST",
+                                    body=b"{}", headers=self.server.admin_headers, timeout=10)
+        ready = sorted(e["name"] for e in json.loads(body) if e.get("state") == "READY") if status == 200 else []
+        fitting = []
+        for name in ready:
+            try:
+                config = live_config(self.server, name)
+                fit_input(config, np.zeros((8, 8), np.uint8))
+            except LabBackendsError:
+                continue
+            outputs = {o.name for o in config.output}
+            if outputs & {"LOGITS", "PROBABILITIES"} or {"LABELS", "PROBS"} <= outputs:  # what class_scores reads
+                fitting.append(name)
+        return sorted(fitting, key=lambda m: (MODELS.index(m) if m in MODELS else len(MODELS), m))
 
     def _set_status(self, text: str, error: bool = False) -> None:
         colour = "#b00020" if error else "#1b5e20"
