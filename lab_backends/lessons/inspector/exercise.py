@@ -62,6 +62,10 @@ def check_batch_of_eight(answer: Any, server: Any = None) -> str:
 
     if answer is None:
         raise NotImplementedError
+    from lab_backends.paths import MODEL_REPOSITORY
+    from lab_backends.server.repository import read_config
+
+    _checked_config(read_config(MODEL_REPOSITORY / MODEL), answer)  # a wrong answer is told at once, no server
     with tempfile.TemporaryDirectory(prefix="exercise-batch-") as tmp:
         with TritonServer(models=[MODEL], trace_file=Path(tmp) / "trace.json", trace_level=("TIMESTAMPS",),
                           trace_rate=1, trace_log_frequency=1) as own:
