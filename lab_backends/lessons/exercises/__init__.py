@@ -12,6 +12,7 @@ A new exercise: a module here named after the notebook's topic, a checker decora
 from lab_backends.lessons.exercises import (  # noqa: F401, E402
     batching,
     c_backend,
+    end_to_end,
     frameworks,
     management,
     pipelines,

@@ -1,0 +1,149 @@
+"""What the server says happened to ONE request: its batch, its instance, its stage times.
+
+Pure functions on what the server wrote (a parsed trace, statistics payloads, the model config),
+so they are unit-tested on outputs recorded from a real server (``tests/data/inspector/``).
+
+How the batch is found: Triton's dynamic batcher runs several requests in one ``execute()``; the
+backend then reports the *same* ``COMPUTE_START`` and ``COMPUTE_END`` for every request of that
+execution, and Triton copies them into each request's trace. Requests of one model with identical
+compute stamps therefore ran together. For an ensemble (or BLS) the batching happens in the
+composing models, so each child request is looked up on its own: the learner's preprocessing may
+run in a batch of 4 while its postprocessing runs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lab_backends.measure.trace import TraceLog
+
+EXECUTION_COLUMNS = ["model", "trace_id", "depth", "compute_start_ns", "compute_end_ns", "batch_size",
+                     "shared_with", "compute_ms"]
+
+
+def _root_request_ids(log: TraceLog) -> dict[int, str | None]:
+    """trace id -> request id of its top-level ancestor (children have no request id of their own)."""
+    parents = {int(t): int(p) for t, p in log.requests[["trace_id", "parent_id"]].itertuples(index=False) if pd.notna(p)}
+    rid = {int(t): r for t, r in log.requests[["trace_id", "request_id"]].itertuples(index=False)}
+    out = {}
+    for tid in rid:
+        cur, hops = tid, 0
+        while cur in parents and parents[cur] in rid and hops < 64:
+            cur, hops = parents[cur], hops + 1
+        out[tid] = rid.get(cur) if isinstance(rid.get(cur), str) else None
+    return out
+
+
+def compute_stamps(log: TraceLog) -> pd.DataFrame:
+    """One row per traced request that ran in a backend: trace id, model, COMPUTE_START, COMPUTE_END."""
+    stamps = log.stamps[log.stamps["name"].isin(["COMPUTE_START", "COMPUTE_END"])]
+    wide = stamps.pivot_table(index="trace_id", columns="name", values="ns", aggfunc="min")
+    if wide.empty or not {"COMPUTE_START", "COMPUTE_END"} <= set(wide.columns):
+        return pd.DataFrame(columns=["trace_id", "model", "COMPUTE_START", "COMPUTE_END"])
+    wide = wide.dropna().astype("int64").reset_index()
+    models = log.requests.set_index("trace_id")["model"]
+    wide["model"] = wide["trace_id"].map(models)
+    return wide[["trace_id", "model", "COMPUTE_START", "COMPUTE_END"]]
+
+
+def executions(log: TraceLog, request_id: str) -> pd.DataFrame:
+    """Every backend execution that worked on ``request_id`` (itself, or its children), with its batch.
+
+    ``batch_size`` counts the traced requests that share the execution's compute stamps;
+    ``shared_with`` lists the request ids (of their top-level requests) of the others. ``log`` must
+    hold every request that might have shared (load it without :meth:`TraceLog.select`, or select
+    the whole burst), else a batch looks smaller than it was.
+    """
+    root = log.request(request_id)
+    family = {int(root["trace_id"])} | {int(t) for t in log.family(int(root["trace_id"]))["trace_id"]}
+    compute = compute_stamps(log)
+    roots = _root_request_ids(log)
+    depth = log.requests.set_index("trace_id")["depth"]
+    groups = compute.groupby(["model", "COMPUTE_START", "COMPUTE_END"])["trace_id"].apply(list)
+    rows = []
+    for row in compute[compute["trace_id"].isin(family)].itertuples(index=False):
+        members = groups[(row.model, row.COMPUTE_START, row.COMPUTE_END)]
+        others = sorted({str(roots.get(int(m))) for m in members if int(m) != int(row.trace_id)})
+        rows.append({
+            "model": row.model, "trace_id": int(row.trace_id), "depth": int(depth[row.trace_id]),
+            "compute_start_ns": int(row.COMPUTE_START), "compute_end_ns": int(row.COMPUTE_END),
+            "batch_size": len(members), "shared_with": others,
+            "compute_ms": (int(row.COMPUTE_END) - int(row.COMPUTE_START)) / 1e6,
+        })
+    return pd.DataFrame(rows, columns=EXECUTION_COLUMNS).sort_values("compute_start_ns").reset_index(drop=True)
+
+
+def learner_batch(execs: pd.DataFrame) -> int:
+    """The largest batch any execution of the request ran in (1 when it always ran alone)."""
+    return int(execs["batch_size"].max()) if len(execs) else 0
+
+
+def instance_of(config: Any) -> str:
+    """Which instance ran the request, as far as the server lets us know.
+
+    Triton 2.51's trace does not name the instance; the config does say how many there are. With
+    one instance (every digits model here) the answer is certain: ``<model>_0``.
+    """
+    count = sum(g.count or 1 for g in config.instance_group) if len(config.instance_group) else 1
+    if config.platform == "ensemble":
+        return "none: an ensemble runs no code of its own (its steps ran in their own instances, below)"
+    if count == 1:
+        kind = config.instance_group[0].kind if len(config.instance_group) else 0
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        return f"{config.name}_0 ({mc.ModelInstanceGroup.Kind.Name(kind)}), the only instance its config declares"
+    return (f"one of {count} instances of {config.name}; Triton 2.51's trace does not say which "
+            "(the config's instance_group declares them)")
+
+
+def instance_name(config: Any) -> str:
+    """Short form of :func:`instance_of` for a table column: ``<model>_0``, or ``1 of N`` when unknowable."""
+    count = sum(g.count or 1 for g in config.instance_group) if len(config.instance_group) else 1
+    return f"{config.name}_0" if count == 1 else f"1 of {count} (not in the trace)"
+
+
+def stages_in_order(log: TraceLog, request_id: str) -> bool:
+    """True when the request's own stages start in the order a request flows (receive, queue, ..., send).
+
+    Starts, not ends, are compared: Triton may begin sending the response (``send``) while the
+    backend is still finishing ``output``, so the last two can overlap by design.
+    """
+    from lab_backends.measure.trace import EXTRA_STAGES, STAGES
+
+    root = log.request(request_id)
+    own = log.stages[log.stages["trace_id"] == int(root["trace_id"])]
+    rank = {s: i for i, s in enumerate((*STAGES[:2], *EXTRA_STAGES, *STAGES[2:]))}
+    own = own.assign(rank=own["stage"].map(rank)).sort_values("rank")
+    starts = own["start_ns"].astype("int64").tolist()
+    return bool(len(own)) and all(a <= b for a, b in zip(starts, starts[1:])) and bool((own["duration_ms"] >= 0).all())
+
+
+def stage_sum_ms(log: TraceLog, request_id: str) -> float:
+    """Time the request's own stages cover, overlaps counted once (children run inside ``pipeline``).
+
+    A plain sum would count twice the moment where ``send`` has begun while ``output`` is still
+    finishing; the union of the stage intervals is the server time a client can compare with.
+    """
+    root = log.request(request_id)
+    own = log.stages.loc[log.stages["trace_id"] == int(root["trace_id"]), ["start_ns", "end_ns"]]
+    covered, reach = 0, None
+    for start, end in sorted((int(a), int(b)) for a, b in own.itertuples(index=False)):
+        if reach is None or start > reach:
+            covered, reach = covered + end - start, end
+        elif end > reach:
+            covered, reach = covered + end - reach, end
+    return covered / 1e6
+
+
+def window_table(window: Any) -> pd.DataFrame:
+    """The statistics delta as a two-column table a notebook can show."""
+    rows = [
+        ("successful requests", window.requests), ("failed requests", window.failures),
+        ("inferences (rows)", window.inferences), ("executions", window.executions),
+        ("average batch", round(window.avg_batch, 2)), ("mean queue ms", round(window.queue_ms, 3)),
+        ("mean compute_infer ms", round(window.compute_infer_ms, 3)),
+        ("batch sizes run", dict(window.batch_hist)),
+    ]
+    return pd.DataFrame(rows, columns=["statistic", "delta over this send"])

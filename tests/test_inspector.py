@@ -1,0 +1,197 @@
+"""lab_backends.lessons.inspector: its pieces on outputs recorded from a real server, then the whole
+panel against a real server, one drawn digit per protocol, checked against the trace file and the
+statistics API for that request id."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lab_backends.client.protocol import HEADER_LENGTH, decode_response
+from lab_backends.errors import ProtocolError
+from lab_backends.lessons.inspector import SEVEN, RequestInspector, evidence, stroke
+from lab_backends.lessons.inspector.pad import cell_at, paint
+from lab_backends.lessons.inspector.wire import class_scores
+from lab_backends.measure import stats, trace
+
+DATA = Path(__file__).resolve().parent / "data" / "inspector"
+
+
+def _json(name: str):
+    return json.loads((DATA / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return trace.TraceLog.from_records(_json("trace_records.json")), _json("meta.json")
+
+
+# ------------------------------------------------------------------------------ recorded outputs
+def test_pad_maps_mouse_points_to_cells_and_paints_a_soft_brush() -> None:
+    assert cell_at(0, 0) == (0, 0) and cell_at(191.9, 30) == (1, 7) and cell_at(192, 0) is None and cell_at(-1, 5) is None
+    image = paint(np.zeros((8, 8), np.uint8), 0, 0)
+    assert image[0, 0] == 16 and image[0, 1] == image[1, 0] == 8 and image.sum() == 32
+    assert stroke(SEVEN).max() == 16 and stroke(SEVEN).tolist() == _json("meta.json")["image"]
+
+
+def test_pad_widget_paints_from_mouse_events_and_clears() -> None:
+    from lab_backends.lessons.inspector.pad import DigitPad
+
+    pad = DigitPad(examples=3)
+    pad._move(30, 30)  # moving without a pressed button draws nothing
+    assert not pad.image.any()
+    pad._down(30, 30)
+    pad._move(60, 30)
+    pad._up(60, 30)
+    pad._move(150, 150)
+    assert pad.image[1, 1] == pad.image[1, 2] == 16 and pad.image[6, 6] == 0
+    pad.picker.value = 2
+    assert np.array_equal(pad.image, pad.examples[2])
+    pad.clear()
+    assert not pad.image.any() and pad.picker.value == -1
+
+
+def test_batch_of_the_recorded_burst_comes_from_shared_compute_stamps(recorded) -> None:
+    log, meta = recorded
+    execs = evidence.executions(log, meta["burst"])
+    assert list(execs["model"]) == ["digits_preprocess", "digits_onnx", "digits_postprocess"]
+    assert evidence.learner_batch(execs) == meta["largest_batch"] > 1
+    shared = set().union(*execs["shared_with"])
+    assert shared and shared <= set(meta["copies"])
+    # The copies really carry the same stamps as the learner's child in that execution.
+    compute = evidence.compute_stamps(log)
+    first = execs.iloc[0]
+    same = compute[(compute["model"] == first["model"]) & (compute["COMPUTE_START"] == first["compute_start_ns"])]
+    assert len(same) == first["batch_size"]
+
+
+def test_alone_requests_ran_in_batches_of_one(recorded) -> None:
+    log, _ = recorded
+    for rid in ("one-json", "one-binary", "one-grpc"):
+        execs = evidence.executions(log, rid)
+        assert list(execs["batch_size"]) == [1] and execs["shared_with"].iloc[0] == []
+        assert evidence.stages_in_order(log, rid)
+        assert 0 < evidence.stage_sum_ms(log, rid) <= float(log.request(rid)["total_ms"]) + 1e-6
+
+
+def test_stages_out_of_order_are_caught(recorded) -> None:
+    log, _ = recorded
+    root = log.request("one-grpc")
+    broken = log.stages.copy()
+    mask = (broken["trace_id"] == int(root["trace_id"])) & (broken["stage"] == "send")
+    broken.loc[mask, "start_ns"] = int(log.stages["start_ns"].min()) - 1
+    assert not evidence.stages_in_order(trace.TraceLog(log.requests, broken, log.stamps), "one-grpc")
+
+
+def test_statistics_delta_of_the_recorded_burst() -> None:
+    window = stats.window(_json("stats_before.json"), _json("stats_after.json"), "digits_ensemble")
+    assert window.requests == 6 and window.failures == 0
+    table = evidence.window_table(window)
+    assert table.set_index("statistic").loc["successful requests", "delta over this send"] == 6
+
+
+def test_wire_bytes_json_vs_binary_and_scores() -> None:
+    wire = _json("wire.json")
+    json_body = base64.b64decode(wire["json"]["request_body"])
+    binary_body = base64.b64decode(wire["binary"]["request_body"])
+    header = int(wire["binary"]["request_headers"][HEADER_LENGTH])
+    assert len(binary_body) - header == 64 * 4  # 64 float32 pixels as raw bytes after the JSON header
+    # JSON carries the same 64 numbers as text: its size follows their digits, not the dtype.
+    values = json.loads(json_body)["inputs"][0]["data"]
+    assert len(values) == 64 and json.dumps(values, separators=(",", ":")).encode() in json_body
+    _, outputs = decode_response(base64.b64decode(wire["binary"]["response_body"]), wire["binary"]["response_headers"])
+    scores, predicted, source = class_scores(outputs)
+    assert predicted == 7 and abs(scores.sum() - 1) < 1e-6 and "LOGITS" in source
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelInferResponse.FromString(base64.b64decode(wire["grpc"]["response"]))
+    assert response.id == "one-grpc" and len(response.raw_output_contents[0]) == 40
+
+
+def test_top3_answer_leaves_the_other_classes_unknown() -> None:
+    scores, predicted, _ = class_scores({"LABELS": np.array([[b"7", b"1", b"9"]], object),
+                                         "PROBS": np.array([[0.9, 0.06, 0.01]], np.float32)})
+    assert predicted == 7 and np.isnan(scores[0]) and scores[1] == pytest.approx(0.06)
+    with pytest.raises(ProtocolError, match="no class scores"):
+        class_scores({"OTHER": np.zeros(3)})
+
+
+# ------------------------------------------------------------------------------ a real server
+MODELS = ["digits_preprocess", "digits_onnx", "digits_postprocess", "digits_ensemble"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from lab_backends.server.triton_server import TritonServer
+
+    trace_file = tmp_path_factory.mktemp("inspector-trace") / "trace.json"
+    with TritonServer(models=MODELS, trace_file=trace_file, trace_level=("TIMESTAMPS",), trace_rate=1,
+                      trace_log_frequency=1) as started:
+        yield started
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["REST JSON", "REST binary", "gRPC"])
+def test_panel_figures_match_the_trace_file_and_statistics(server, protocol) -> None:
+    panel = RequestInspector(server, models=("digits_ensemble", "digits_onnx"), model="digits_ensemble",
+                             protocol=protocol)
+    panel.pad.set_image(stroke(SEVEN))
+    before = stats.settled_statistics(server, "digits_ensemble")
+    result = panel.send(3)
+    assert result is not None, panel.error
+    after = stats.settled_statistics(server, "digits_ensemble")
+    # Independent read of the same trace file, for that request id.
+    log = trace.load(trace.trace_path(server), request_ids=[result.request_id])
+    root = log.request(result.request_id)
+    assert float(result.root["total_ms"]) == pytest.approx(float(root["total_ms"]))
+    assert root["protocol"] == ("grpc" if protocol == "gRPC" else "http")
+    assert sorted(log.children(int(root["trace_id"]))["model"]) == sorted(MODELS[:3])
+    assert result.batch_size == evidence.learner_batch(evidence.executions(log, result.request_id))
+    assert result.window.requests == stats.window(before, after, "digits_ensemble").requests == 3
+    assert result.predicted == 7 and "LABELS" in result.sent.text
+    assert panel.answer.value and panel.waterfall.value and "On the wire" in panel.wire.value
+    assert "Where each figure came from" in panel.details.value
+
+
+@pytest.mark.server
+def test_errors_end_in_the_panel_and_it_stays_usable(server) -> None:
+    offered = list(RequestInspector(server).model.options)
+    assert offered == ["digits_ensemble", "digits_onnx"]  # from the server: what is loaded and fits
+    # (digits_preprocess takes the drawing but answers pixels, digits_postprocess takes LOGITS: not offered)
+    panel = RequestInspector(server, models=("digits_ensemble", "digits_torch"))
+    assert panel.send() is None and "blank" in panel.status.value and "blank" in panel.error
+    panel.pad.set_image(stroke(SEVEN))
+    panel.model.value = "digits_torch"  # in the repository, not loaded on this server
+    assert panel.send() is None and "digits_torch" in panel.error and not panel.send_button.disabled
+    panel.model.value = "digits_ensemble"
+    assert panel.send() is not None and panel.error == ""
+
+
+@pytest.mark.server
+def test_batch_of_eight_rejects_a_batcher_that_does_not_wait() -> None:
+    from lab_backends.errors import ExerciseError
+    from lab_backends.lessons import exercises
+
+    with pytest.raises(ExerciseError, match="only dynamic_batching"):
+        exercises.check("batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4})
+    with pytest.raises(ExerciseError, match="no dynamic_batching"):
+        exercises.check("batch_of_eight", {"dynamic_batching": None})
+
+
+@pytest.mark.server
+def test_send_works_from_a_widget_callback_thread(server) -> None:
+    """ipykernel may run button callbacks on another thread than the cells: no gevent client there."""
+    import threading
+
+    server.model_config("digits_ensemble")  # tritonclient.http (gevent) now lives on this thread
+    panel = RequestInspector(server, models=("digits_ensemble",), protocol="REST binary")
+    panel.pad.set_image(stroke(SEVEN))
+    results: list = []
+    worker = threading.Thread(target=lambda: results.append(panel.send()))
+    worker.start()
+    worker.join(60)
+    assert results and results[0] is not None, panel.error
