@@ -25,8 +25,8 @@ import psutil
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.ports import free_ports
 from lab_backends.server.processes import alive, group_members
 from lab_backends.server.triton_server import TritonServer, _http_get, _http_post
@@ -113,7 +113,8 @@ def test_http_admin_api_refuses_without_the_key_and_works_with_it(rel_server, ap
 def test_unauthenticated_code_upload_is_refused_and_runs_nothing(rel_server, tmp_path):
     """What notebook 07 shows: a load with an uploaded model.py, without the key: 403."""
     marker = tmp_path / "pwned"
-    code = f"open({str(marker)!r}, 'w').write('ran')\nclass TritonPythonModel:\n    def execute(self, r):\n        return []\n"
+    code = (f"open({str(marker)!r}, 'w').write('ran')\n"
+            "class TritonPythonModel:\n    def execute(self, r):\n        return []\n")
     config = {"name": "intruder", "backend": "python", "max_batch_size": 0}
     payload = {
         "parameters": {"config": json.dumps(config), "file:1/model.py": base64.b64encode(code.encode()).decode()}
