@@ -44,6 +44,7 @@ browser-deps:
 	[ -x $(CHROMIUM_BIN) ] || reason "chromium was installed but $(CHROMIUM_BIN) is still missing"
 
 test: setup browser-deps
+	$(PY) -m ruff check .
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=60 notebooks
 	$(PY) -m lab_backends.book render

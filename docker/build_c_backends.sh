@@ -14,7 +14,7 @@ built=0
 build() {  # name, sources...
   local name=$1; shift
   mkdir -p "$BACKENDS/$name"
-  gcc -std=gnu11 -O2 -Wall -fPIC -fvisibility=hidden -shared -I "$SRC/include" "$@" \
+  gcc -std=gnu11 -O2 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -shared -I "$SRC/include" "$@" \
       -o "$BACKENDS/$name/libtriton_$name.so" -Wl,-z,defs "$LIB" -lm
   echo "built $BACKENDS/$name/libtriton_$name.so"
   built=$((built + 1))

@@ -10,7 +10,7 @@ decides what a short value means (an error for a checker, a table for a notebook
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -23,3 +23,20 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float, int
         if done(value) or time.monotonic() >= deadline:
             return value
         time.sleep(interval_s)
+
+
+def settled(read: Callable[[], T], key: Callable[[T], Any] = lambda value: value, interval_s: float = 0.005,
+            attempts: int = 50) -> T:
+    """``read()`` until two reads in a row agree (by ``key``), at most ``attempts`` more times; the last value.
+
+    For counters that Triton updates a moment after the client has its answer: with nothing in
+    flight, two equal reads in a row mean they have settled.
+    """
+    value = read()
+    for _ in range(attempts):
+        time.sleep(interval_s)
+        again = read()
+        if key(again) == key(value):
+            return again
+        value = again
+    return value

@@ -22,11 +22,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from lab_backends.measure import trace as tracing# noqa: E402
+from trace_models import BLS, CACHED, ENSEMBLE, write_cached_model, write_trace_models  # noqa: E402
+
 from lab_backends.client.infer import infer  # noqa: E402
+from lab_backends.measure import trace as tracing  # noqa: E402
 from lab_backends.paths import MODEL_REPOSITORY  # noqa: E402
 from lab_backends.server.triton_server import TritonServer  # noqa: E402
-from trace_models import BLS, CACHED, ENSEMBLE, write_cached_model, write_trace_models  # noqa: E402
 
 OUT = HERE / "data" / "traces"
 

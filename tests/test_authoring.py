@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from lab_backends.lessons import authoring, exercises, management
-from lab_backends.lessons.authoring import Tensor
 from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError, ModelConfigError
+from lab_backends.lessons import authoring, exercises, management
+from lab_backends.lessons.authoring import Tensor
 from lab_backends.server.repository import parse_config
 
 # --------------------------------------------------------------------------------------------- unit

@@ -23,10 +23,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.server import cbackend
 from lab_backends.client.infer import infer
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server import cbackend
 from lab_backends.server.repository import ModelConfig, config_text, read_config
 from lab_backends.server.triton_server import TritonServer
 
@@ -298,7 +298,9 @@ def test_server_memory_does_not_grow_over_10k_requests(server):
     assert asyncio.run(flood(10_000)) == 0
     elapsed = time.monotonic() - started
     rss_after = proc.memory_info().rss
-    count_after = int(_stats_once_counted(server, "c_scale", "inference_count", count_before + 12_000)["inference_count"])
+    count_after = int(
+        _stats_once_counted(server, "c_scale", "inference_count", count_before + 12_000)["inference_count"]
+    )
     growth_mib = (rss_after - rss_before) / 2**20
     print(f"10k requests in {elapsed:.1f} s ({10_000 / elapsed:.0f} req/s); server RSS "
           f"{rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB ({growth_mib:+.1f} MiB)")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server.docker import LAB_TRITON_IMAGE, NGC_TRITON_IMAGE
 from lab_backends.server.options import RESTRICTED_APIS, ServerOptions
-from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server.triton_server import TritonServer
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from lab_backends.errors import DockerUnavailableError
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server import docker as docker_target
 from lab_backends.server.docker import (
     CONTAINER_BACKEND_DIR,
@@ -22,8 +24,6 @@ from lab_backends.server.docker import (
     gpus_available,
     start_container,
 )
-from lab_backends.errors import DockerUnavailableError
-from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server.triton_server import TritonServer
 
 PORTS = (18000, 18001, 18002)

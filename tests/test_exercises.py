@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends.lessons import exercises
 from lab_backends.errors import ExerciseError
+from lab_backends.lessons import exercises
 from lab_backends.server.triton_server import TritonServer
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -21,9 +21,13 @@ def test_every_exercise_has_a_solution_and_a_notebook_that_checks_it() -> None:
         assert exercises.solution_path(name).exists(), f"{name} has no solution file"
         notebook = NOTEBOOKS / f"{ex.notebook}.ipynb"
         assert notebook.exists(), f"{name} names notebook {ex.notebook}, which does not exist"
-        assert re.search(rf'exercises\.check\(\\?"{name}\\?"', notebook.read_text()), f"{ex.notebook} never checks {name}"
+        assert re.search(rf'exercises\.check\(\\?"{name}\\?"', notebook.read_text()), (
+            f"{ex.notebook} never checks {name}"
+        )
     solutions = {p.stem for p in exercises.SOLUTIONS_DIR.glob("*.py")}
-    assert solutions <= set(exercises.EXERCISES), f"solutions without an exercise: {solutions - set(exercises.EXERCISES)}"
+    assert solutions <= set(exercises.EXERCISES), (
+        f"solutions without an exercise: {solutions - set(exercises.EXERCISES)}"
+    )
 
 
 def test_unknown_exercise_and_missing_answer() -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab_backends.lessons import exercises, frameworks
 from lab_backends.digits import reference
 from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.lessons import exercises, frameworks
 from lab_backends.server.triton_server import TritonServer
 
 MODELS = list(frameworks.WRAPPED.values())

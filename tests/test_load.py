@@ -16,17 +16,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from lab_backends.measure import plots# noqa: E402
-from lab_backends.errors import LoadSettingError  # noqa: E402
-from lab_backends.measure.loadgen import example_inputs, run_closed, run_open  # noqa: E402
-from lab_backends.server.repository import read_config  # noqa: E402
-from lab_backends.paths import MODEL_REPOSITORY  # noqa: E402
-from lab_backends.server.triton_server import TritonServer  # noqa: E402
-from lab_backends.measure.sweep import NO_BATCHING, apply_config, derive_config, sweep  # noqa: E402
+from lab_backends.errors import LoadSettingError
+from lab_backends.measure import plots
+from lab_backends.measure.loadgen import example_inputs, run_closed, run_open
+from lab_backends.measure.sweep import NO_BATCHING, sweep
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.config_changes import apply_config, derive_config
+from lab_backends.server.repository import read_config
+from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 MODEL = "cost_model"

@@ -15,10 +15,11 @@ import socket
 import numpy as np
 import pytest
 
-from lab_backends.lessons import authoring, exercises, management
-from lab_backends.lessons.authoring import Tensor
 from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.lessons import authoring, exercises, management
+from lab_backends.lessons.authoring import Tensor
+from lab_backends.server.config_changes import apply_config, derive_config
 
 # --------------------------------------------------------------------------------------------- unit
 
@@ -62,11 +63,11 @@ def test_version_policies(lab):
     server = lab
     assert management.ready_versions(server, "versioned") == [2]  # default: latest 1
     assert management.infer_version(server, "versioned") == 2
-    management.load_with(server, "versioned", lambda c: c.version_policy.CopyFrom(management.version_policy(all=True)))
+    apply_config(server, "versioned", lambda c: c.version_policy.CopyFrom(management.version_policy(all=True)))
     assert management.ready_versions(server, "versioned") == [1, 2]
     assert [management.infer_version(server, "versioned", v, protocol="grpc") for v in (1, 2)] == [1, 2]
     assert management.infer_version(server, "versioned") == 2  # unversioned: the highest ready
-    management.load_with(server, "versioned", lambda c: c.version_policy.CopyFrom(management.version_policy(specific=[1])))
+    apply_config(server, "versioned", lambda c: c.version_policy.CopyFrom(management.version_policy(specific=[1])))
     assert management.ready_versions(server, "versioned") == [1]
     assert management.infer_version(server, "versioned") == 1
     with pytest.raises(Exception, match="not at ready state"):
@@ -91,9 +92,9 @@ def test_override_replaces_the_whole_config(lab):
     def edit(config):
         config.max_batch_size = 2
 
-    sent = management.derived_config(server, "versioned", edit)
+    sent = derive_config(server.model_config("versioned"), edit)
     assert server.model_config("versioned").max_batch_size == 8  # deriving does not load
-    management.load_with(server, "versioned", edit)
+    apply_config(server, "versioned", edit)
     served = server.model_config("versioned")
     assert served.max_batch_size == 2 and list(served.input) == list(sent.input)
     with pytest.raises(Exception, match="batch-size must be <= 2"):
@@ -103,7 +104,7 @@ def test_override_replaces_the_whole_config(lab):
 
 def test_request_in_flight_survives_an_unload(lab):
     server = lab
-    management.load_with(server, "cost_model", lambda c: c.parameters["fixed_ms"].__setattr__("string_value", "1500"))
+    apply_config(server, "cost_model", lambda c: c.parameters["fixed_ms"].__setattr__("string_value", "1500"))
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     seen = management.unload_during_request(server, "cost_model", {"INPUT0": x}, expected={"OUTPUT0": x})
     assert seen.request_ok and seen.output_matches and not seen.error

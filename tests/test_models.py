@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import textwrap
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -237,8 +237,16 @@ def test_out_of_range_image_is_refused_with_a_fix(server, split, expected):
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_bad_framework_parameter(server, split, expected, protocol):
-    with pytest.raises(InferenceServerException, match=r"'framework' must be one of \['onnx', 'torch'\], got 'tensorflow'"):
-        infer(server, "digits_bls", {"IMAGE": split.test_images[:1]}, parameters={"framework": "tensorflow"}, protocol=protocol)
+    with pytest.raises(
+        InferenceServerException, match=r"'framework' must be one of \['onnx', 'torch'\], got 'tensorflow'"
+    ):
+        infer(
+            server,
+            "digits_bls",
+            {"IMAGE": split.test_images[:1]},
+            parameters={"framework": "tensorflow"},
+            protocol=protocol,
+        )
     _still_serves(server, split, expected)
 
 

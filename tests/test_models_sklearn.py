@@ -41,7 +41,9 @@ def server(tmp_path_factory):
 
 
 def test_backend_is_installed_and_models_hold_no_code():
-    assert (BACKEND_DIR / "sklearn" / "model.py").read_bytes() == (build.BACKENDS_SOURCE / "sklearn" / "model.py").read_bytes()
+    assert (BACKEND_DIR / "sklearn" / "model.py").read_bytes() == (
+        build.BACKENDS_SOURCE / "sklearn" / "model.py"
+    ).read_bytes()
     for name in CLASSIC_MODELS:
         assert read_config(MODEL_REPOSITORY / name).backend == "sklearn"
         assert not list((MODEL_REPOSITORY / name).rglob("model.py"))

@@ -1,13 +1,14 @@
-"""lab_backends.lessons.observability against a real server: response cache, rate limiter, summary latencies."""
+"""lab_backends.lessons.caching and measure.prometheus against a real server: response cache, rate limiter,
+summary latencies."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lab_backends.measure import loadgen, stats
-from lab_backends.lessons import observability
 from lab_backends.errors import LoadSettingError, StatisticsError
+from lab_backends.lessons import caching
+from lab_backends.measure import loadgen, prometheus, stats
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
@@ -23,9 +24,9 @@ def server():
 
 
 def test_cache_hits_skip_the_model(server) -> None:
-    observability.enable_cache(server, "cost_model")
+    caching.enable_cache(server, "cost_model")
     assert server.model_config("cost_model").response_cache.enable
-    run = observability.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=8)
+    run = caching.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=8)
     counts = run.counts
     assert (counts.hits, counts.misses) == (8, 8)
     assert counts.inferences == 8 and counts.executions == 8  # only the misses reached the model
@@ -35,14 +36,14 @@ def test_cache_hits_skip_the_model(server) -> None:
     # A miss sleeps >= 10 ms in the model; a hit skips it. Generous margin for a busy machine.
     assert run.median_ms("repeat") < 0.5 * run.median_ms("new")
     with pytest.raises(LoadSettingError):
-        observability.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=0)
+        caching.cache_experiment(server, "cost_model", {"INPUT0": X}, rounds=0)
 
 
 def test_rate_limiter_makes_instances_take_turns(server) -> None:
-    assert observability.server_resources(server) == {"R": 1}
+    assert caching.server_resources(server) == {"R": 1}
     results = {}
     for label, resources in (("free", None), ("limited", {"R": 1})):
-        config = observability.rate_limited(server, "cost_model", instances=2, resources=resources)
+        config = caching.rate_limited(server, "cost_model", instances=2, resources=resources)
         assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
         results[label] = loadgen.run_closed(server, "cost_model", concurrency=4, inputs={"INPUT0": X},
                                          requests=1000, duration_s=2.0, warmup_requests=8)
@@ -54,21 +55,21 @@ def test_rate_limiter_makes_instances_take_turns(server) -> None:
     assert limited.summary["throughput_rps"] * 1.4 < free.summary["throughput_rps"], (free.summary, limited.summary)
     assert limited.server.queue_ms > free.server.queue_ms
     with pytest.raises(LoadSettingError):
-        observability.rate_limited(server, "cost_model", instances=0)
+        caching.rate_limited(server, "cost_model", instances=0)
 
 
 def test_summary_quantiles(server) -> None:
     result = loadgen.run_closed(server, "cost_model", concurrency=2, inputs={"INPUT0": X}, requests=40,
                              duration_s=2.0, warmup_requests=2)
     text = stats.scrape_metrics(server)
-    quantiles = observability.summary_quantiles(text, "cost_model")
+    quantiles = prometheus.summary_quantiles(text, "cost_model")
     assert list(quantiles.index) == [0.5, 0.9, 0.95, 0.99, 0.999]
     assert (quantiles > 0).all() and quantiles.is_monotonic_increasing
     assert quantiles[0.5] <= result.summary["p99_ms"]  # the server's time is inside the client's
-    table = observability.summary_table(text, "cost_model")
+    table = prometheus.summary_table(text, "cost_model")
     assert list(table.columns) == ["request", "queue", "compute_infer"]
     with pytest.raises(StatisticsError, match="summary_latencies"):
-        observability.summary_quantiles(text, "no_such_model")
+        prometheus.summary_quantiles(text, "no_such_model")
 
 
 def test_statistics_errors_name_the_model_and_the_fix(server) -> None:

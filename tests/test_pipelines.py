@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.lessons import exercises, frameworks, pipelines
 from lab_backends.lessons.exercises import pipelines as pipeline_exercise
 from lab_backends.measure import trace
-from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.server.triton_server import TritonServer
 
 
@@ -57,7 +57,7 @@ def test_traces_have_parents_and_children(traced, images) -> None:
     server, trace_file = traced
     for way in ("ensemble", "bls:torch"):
         pipelines.run(server, way, images[:1], request_id=f"t-{way}")
-    log = trace.load(trace_file, request_ids=["t-ensemble", "t-bls:torch"])
+    log = trace.read_trace(trace_file, request_ids=["t-ensemble", "t-bls:torch"])
     ens = pipelines.family_breakdown(log, "t-ensemble", "digits_ensemble")
     bls = pipelines.family_breakdown(log, "t-bls:torch", "digits_bls")
     assert ens["children"] == bls["children"] == 3
@@ -93,5 +93,7 @@ def test_ensemble_exercise_rejects_answers_before_serving() -> None:
 
 @pytest.mark.server
 def test_ensemble_exercise_solution_passes() -> None:
-    result = exercises.check("ensemble_with_c_preprocess", exercises.load_solution("ensemble_with_c_preprocess"), quiet=True)
+    result = exercises.check(
+        "ensemble_with_c_preprocess", exercises.load_solution("ensemble_with_c_preprocess"), quiet=True
+    )
     assert result.passed and "digits_preprocess_c" in result.message

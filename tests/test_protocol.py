@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lab_backends.client import protocol
+from lab_backends.client.latency import compare_latency
 from lab_backends.errors import ProtocolError
 
 
@@ -65,7 +66,7 @@ def test_rest_json_rest_binary_and_grpc_agree_on_a_real_server(start_server) -> 
     assert "binary tensor data" in binary.show() and '"data":[' in rest.show()
     assert "raw_input_contents: <128 bytes" in grpc_ex.show()
 
-    table = protocol.compare_latency(server, "echo", {"INPUT0": x.reshape(-1)}, repeats=3, warmup=1)
+    table = compare_latency(server, "echo", {"INPUT0": x.reshape(-1)}, repeats=3, warmup=1)
     assert list(table["requests"]) == [3, 3, 3]
     assert table.loc["REST, binary tensors", "request_bytes"] < table.loc["REST, JSON tensors", "request_bytes"]
 
@@ -84,4 +85,4 @@ def test_refused_requests_raise_protocol_error_with_tritons_words(start_server) 
     with pytest.raises(ProtocolError, match="INVALID_ARGUMENT"):
         protocol.grpc_exchange(server, "cost_model", {"INPUT0": np.ones(16, np.float32)})
     with pytest.raises(ValueError, match="repeats"):
-        protocol.compare_latency(server, "cost_model", {"INPUT0": np.ones((1, 16), np.float32)}, repeats=0)
+        compare_latency(server, "cost_model", {"INPUT0": np.ones((1, 16), np.float32)}, repeats=0)

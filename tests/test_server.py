@@ -16,7 +16,6 @@ import numpy as np
 import psutil
 import pytest
 
-from lab_backends.server import bundle
 from lab_backends.client.infer import infer
 from lab_backends.errors import (
     EnvironmentMismatchError,
@@ -27,6 +26,7 @@ from lab_backends.errors import (
     ServerStartupTimeoutError,
 )
 from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server import bundle
 from lab_backends.server.ports import free_ports
 from lab_backends.server.processes import SHM_DIR, group_members
 from lab_backends.server.triton_server import TritonServer
@@ -102,7 +102,9 @@ def test_broken_config_names_the_model_fast(tmp_path):
     broken = tmp_path / "broken_model"
     (broken / "1").mkdir(parents=True)
     (broken / "1" / "model.py").write_text("")
-    (broken / "config.pbtxt").write_text('name: "broken_model"\nbackend: "python"\nmax_batch_size: 4\ninput [ { name: "X" \n')
+    (broken / "config.pbtxt").write_text(
+        'name: "broken_model"\nbackend: "python"\nmax_batch_size: 4\ninput [ { name: "X" \n'
+    )
     started = time.monotonic()
     with pytest.raises(ModelLoadError) as info:
         TritonServer(tmp_path).start()

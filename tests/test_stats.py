@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends.measure import stats
 from lab_backends.errors import StatisticsError
+from lab_backends.measure import stats
 
 DATA = Path(__file__).resolve().parent / "data" / "stats"
 

@@ -7,10 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lab_backends.lessons import exercises
 from lab_backends.client import sequences, streaming
 from lab_backends.digits.reference import softmax
 from lab_backends.errors import ExerciseError, SequenceError, StreamingError
+from lab_backends.lessons import exercises
+from lab_backends.measure.concurrent_sequences import drive_concurrent
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
@@ -76,7 +77,7 @@ def test_interleaved_sequences_keep_their_own_means(server) -> None:
 
 
 def test_concurrent_sequences_share_batches(server) -> None:
-    run = sequences.drive_concurrent(server, {c: [float(c * i) for i in range(8)] for c in range(101, 109)})
+    run = drive_concurrent(server, {c: [float(c * i) for i in range(8)] for c in range(101, 109)})
     assert run.correct and len(run.requests) == 64
     assert run.server.requests == 64 and run.server.executions < 64
     assert max(run.server.batch_hist) > 1

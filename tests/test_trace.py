@@ -14,20 +14,20 @@ matplotlib.use("Agg")
 
 import numpy as np
 import pytest
+from trace_models import BLS, CACHED, ENSEMBLE, write_cached_model, write_trace_models
 
-from lab_backends.measure import trace
 from lab_backends.client.infer import infer
 from lab_backends.errors import TraceError
-from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.measure import trace
 from lab_backends.measure.plots_trace import stage_bars, waterfall
-from trace_models import BLS, CACHED, ENSEMBLE, write_cached_model, write_trace_models
+from lab_backends.paths import MODEL_REPOSITORY
 
 DATA = Path(__file__).parent / "data" / "traces"
 
 
 @pytest.fixture(scope="module")
 def recorded() -> trace.TraceLog:
-    return trace.load(DATA / "all.json")
+    return trace.read_trace(DATA / "all.json")
 
 
 def row(log: trace.TraceLog, request_id: str):
@@ -47,7 +47,7 @@ def test_reads_parts_in_numeric_order(tmp_path: Path) -> None:
 
 
 def test_split_files_parse_like_one(tmp_path: Path) -> None:
-    log = trace.load(DATA / "split.json", expect=3)
+    log = trace.read_trace(DATA / "split.json", expect=3)
     assert list(log.requests["request_id"]) == ["split-http", "split-grpc", "split-http"]
     assert list(log.requests["protocol"]) == ["http", "grpc", "http"]
 
@@ -59,16 +59,16 @@ def test_missing_and_partial_files_raise_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="not a complete JSON array"):
         trace.read_records(tmp_path / "half.json")
     with pytest.raises(TraceError, match="only 1 of 5 requests"):
-        trace.load(DATA / "split.json.0", expect=5, timeout_s=0.3)
+        trace.read_trace(DATA / "split.json.0", expect=5, timeout_s=0.3)
     with pytest.raises(TraceError, match="not .yet. complete"):
-        trace.load(DATA / "split.json", request_ids=["nope"], timeout_s=0.3)
+        trace.read_trace(DATA / "split.json", request_ids=["nope"], timeout_s=0.3)
 
 
 def test_records_order_does_not_matter(recorded: trace.TraceLog, tmp_path: Path) -> None:
     records = json.loads((DATA / "all.json").read_text())
     shuffled = tmp_path / "shuffled.json"
     shuffled.write_text(json.dumps(list(reversed(records))))
-    again = trace.load(shuffled)
+    again = trace.read_trace(shuffled)
     cols = ["trace_id", "request_id", "total_ms", "queue_ms", "infer_ms"]
     a = recorded.requests[cols].sort_values("trace_id").reset_index(drop=True)
     b = again.requests[cols].sort_values("trace_id").reset_index(drop=True)
@@ -183,7 +183,7 @@ def test_live_trace_http_grpc_ensemble_bls_and_settings(start_server, tmp_path: 
     slow.parameters["fixed_ms"].string_value = "100"
     server.load_model("cost_model", config=slow)
     ids = trace.send_burst(server, "cost_model", {"INPUT0": x}, 5, prefix="q", head_start_ms=20)
-    log = trace.load(path, request_ids=["h", "g", "e", "b", *ids])
+    log = trace.read_trace(path, request_ids=["h", "g", "e", "b", *ids])
     assert log.request("h")["protocol"] == "http" and log.request("g")["protocol"] == "grpc"
     assert len(log.children(int(log.request("e")["trace_id"]))) == 2
     assert list(log.children(int(log.request("b")["trace_id"]))["model"]) == ["cost_model"]
@@ -196,7 +196,7 @@ def test_live_trace_http_grpc_ensemble_bls_and_settings(start_server, tmp_path: 
     before = int((log.requests["depth"] == 0).sum())
     for i in range(4):
         infer(server, "cost_model", {"INPUT0": x}, request_id=f"r{i}")
-    after = trace.load(path, expect=before + 2)
+    after = trace.read_trace(path, expect=before + 2)
     assert len(after.requests[after.requests["request_id"].fillna("").str.match(r"^r\d$")]) == 2
     with pytest.raises(TraceError, match="HTTP 4|HTTP 5"):
         trace.update_trace_settings(server, trace_file=str(tmp_path / "elsewhere.json"))
@@ -209,5 +209,5 @@ def test_live_trace_written_at_shutdown(start_server, tmp_path: Path) -> None:
     infer(server, "cost_model", {"INPUT0": np.ones((2, 16), np.float32)}, request_id="late")
     assert not trace.trace_files(path)
     server.stop()
-    log = trace.load(path, request_ids=["late"], timeout_s=5)
+    log = trace.read_trace(path, request_ids=["late"], timeout_s=5)
     assert log.request("late")["infer_ms"] >= 10.0

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab_backends.server.repository import ModelConfig, config_text
 from tritonclient.grpc import model_config_pb2 as pb
+
+from lab_backends.server.repository import ModelConfig, config_text
 
 ENSEMBLE = "trace_ensemble"
 BLS = "trace_bls"

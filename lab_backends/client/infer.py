@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from tritonclient.utils import np_to_triton_dtype
 
+from lab_backends.client.wire import triton_dtype
 from lab_backends.server.running import RunningServer
 
 PROTOCOLS = ("grpc", "http")
@@ -32,8 +32,7 @@ def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary
     made = []
     for name, array in inputs.items():
         array = np.asarray(array)
-        dtype = "BYTES" if array.dtype.kind in "OSU" else np_to_triton_dtype(array.dtype)
-        tensor = module.InferInput(name, list(array.shape), dtype)
+        tensor = module.InferInput(name, list(array.shape), triton_dtype(array))
         if protocol == "http":
             tensor.set_data_from_numpy(array, binary_data=binary)
         else:
@@ -63,7 +62,9 @@ def infer(
     requested = None
     if outputs is not None:
         requested = [
-            module.InferRequestedOutput(name, binary_data=True) if protocol == "http" else module.InferRequestedOutput(name)
+            module.InferRequestedOutput(name, binary_data=True)
+            if protocol == "http"
+            else module.InferRequestedOutput(name)
             for name in outputs
         ]
     result = client.infer(

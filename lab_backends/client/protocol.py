@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from lab_backends import rest
+from lab_backends.client.wire import tensor_bytes, triton_dtype
 from lab_backends.errors import ProtocolError
 from lab_backends.server.running import RunningServer
 
@@ -31,19 +31,9 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 # ---------------------------------------------------------------------------------------- encoding
-def _datatype(array: np.ndarray) -> str:
-    return "BYTES" if array.dtype.kind in "OSU" else np_to_triton_dtype(array.dtype)
-
-
-def _raw_bytes(array: np.ndarray) -> bytes:
-    if _datatype(array) == "BYTES":
-        return serialize_byte_tensor(array).item()  # a 0-d object array holding the bytes
-    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-
-
 def _json_data(array: np.ndarray) -> list:
     flat = array.reshape(-1)
-    if _datatype(array) == "BYTES":
+    if triton_dtype(array) == "BYTES":
         return [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
     return flat.tolist()
 
@@ -69,9 +59,9 @@ def request_body(
     blobs = []
     for name, array in inputs.items():
         array = np.asarray(array)
-        entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": _datatype(array)}
+        entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": triton_dtype(array)}
         if binary:
-            blob = _raw_bytes(array)
+            blob = tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -264,8 +254,8 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, array in inputs.items():
         array = np.asarray(array)
-        request.inputs.add(name=name, datatype=_datatype(array), shape=list(array.shape))
-        request.raw_input_contents.append(_raw_bytes(array))
+        request.inputs.add(name=name, datatype=triton_dtype(array), shape=list(array.shape))
+        request.raw_input_contents.append(tensor_bytes(array))
     for name in outputs or []:
         request.outputs.add(name=name)
     return request
@@ -298,67 +288,6 @@ def grpc_exchange(server: RunningServer, model: str, inputs: Mapping[str, np.nda
     return GrpcExchange(request, response, elapsed, decoded)
 
 
-# ---------------------------------------------------------------------------------------- latency
-def compare_latency(server: RunningServer, model: str, inputs: Mapping[str, np.ndarray], repeats: int = 20,
-                    warmup: int = 2) -> "Any":
-    """Median/p90 latency of the same request as REST+JSON, REST+binary and gRPC (sequential, bounded).
-
-    Each variant encodes its request once and reuses one connection, so that neither Python-side
-    encoding nor connection setup is measured; the time runs from sending the request to having
-    read the whole response. Returns a pandas
-    DataFrame with one row per variant: request bytes, response bytes, p50 and p90 in ms.
-    """
-    import grpc
-    import pandas as pd
-    from tritonclient.grpc import service_pb2_grpc
-
-    if repeats < 1 or repeats > 10_000:
-        raise ValueError(f"repeats must be between 1 and 10000, not {repeats}")
-    rows = []
-    host, _, port = server.http_url.rpartition(":")
-    path = f"/v2/models/{model}/infer"
-    for label, binary in (("REST, JSON tensors", False), ("REST, binary tensors", True)):
-        # Encode once: we time the protocol round trip, not numpy-to-JSON in this notebook's Python.
-        body, headers = request_body(inputs, binary=binary)
-        headers = {**headers, "Content-Length": str(len(body))}
-        conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        try:
-            times, size = [], 0
-            for i in range(warmup + repeats):
-                _, payload, elapsed = _timed_post(conn, path, body, headers)
-                size = len(payload)
-                if i >= warmup:
-                    times.append(elapsed)
-        finally:
-            conn.close()
-        rows.append((label, len(body), size, times))
-    request = grpc_request(model, inputs)
-    limit = 1 << 30
-    with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_send_message_length", limit),
-                                                        ("grpc.max_receive_message_length", limit)]) as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        times = []
-        for i in range(warmup + repeats):
-            start = time.perf_counter()
-            response = stub.ModelInfer(request, timeout=120)
-            if i >= warmup:
-                times.append((time.perf_counter() - start) * 1000)
-    rows.append(("gRPC (protobuf, raw bytes)", request.ByteSize(), response.ByteSize(), times))
-    return pd.DataFrame(
-        [
-            {
-                "variant": label,
-                "request_bytes": req,
-                "response_bytes": resp,
-                "p50_ms": statistics.median(t),
-                "p90_ms": float(np.percentile(t, 90)),
-                "requests": len(t),
-            }
-            for label, req, resp, t in rows
-        ]
-    ).set_index("variant")
-
-
 # ---------------------------------------------------------------------------------------- plain REST calls
 def rest_get(server: RunningServer, path: str, admin: bool = False) -> tuple[int, Any]:
     """``GET http://<server><path>`` -> (status, parsed JSON or text). ``admin`` sends the admin key."""
@@ -379,3 +308,4 @@ def _rest(server: RunningServer, method: str, path: str, body: bytes | None, adm
         return status, json.loads(payload) if payload else None
     except json.JSONDecodeError:
         return status, payload.decode(errors="replace")
+

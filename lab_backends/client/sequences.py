@@ -10,15 +10,12 @@ Two ways to drive several sequences, each answering a different question:
 
 * :func:`drive_interleaved`: one client advances each sequence one step in turn (A1 B1 C1 A2 B2
   ...). Several sequences are *live* at once, and each must still see only its own values;
-* :func:`drive_concurrent`: one thread per sequence, all at once. With the ``oldest`` strategy
-  requests of different sequences share an ``execute`` (a batch), visible in the statistics.
+* :func:`lab_backends.measure.concurrent_sequences.drive_concurrent` (measure layer: it reads
+  the statistics): one thread per sequence, all at once.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,8 +23,6 @@ import pandas as pd
 
 from lab_backends.client.infer import infer
 from lab_backends.errors import SequenceError
-from lab_backends.measure import stats as _stats
-from lab_backends.measure.stats import settled_statistics
 from lab_backends.server.running import RunningServer
 
 MODEL = "running_mean"
@@ -81,52 +76,6 @@ def drive_interleaved(
             rows.append({"round": i, "corrid": corrid, "value": float(values[i]), "start": start, "end": end,
                          "mean": mean, "count": count, "expected": float(expected_means(values[: i + 1])[-1])})
     return pd.DataFrame(rows)
-
-
-@dataclass
-class ConcurrentRun:
-    """What :func:`drive_concurrent` saw: per-request rows and the server's statistics window."""
-
-    requests: pd.DataFrame
-    server: _stats.ServerWindow
-
-    @property
-    def correct(self) -> bool:
-        return bool(np.allclose(self.requests["mean"], self.requests["expected"], rtol=1e-5))
-
-
-def drive_concurrent(
-    server: RunningServer, sequences: Mapping[int, Sequence[float]], model: str = MODEL, timeout_s: float = 60.0
-) -> ConcurrentRun:
-    """Run every sequence in its own thread (its own gRPC client), all at once.
-
-    The threads start together (a barrier), so the sequence batcher has several sequences with a
-    request waiting at the same moment: with the ``oldest`` strategy it puts them in one batch.
-    """
-    import tritonclient.grpc as grpcclient
-
-    _check_sequences(sequences)
-    barrier = threading.Barrier(len(sequences), timeout=timeout_s)
-
-    def run(corrid: int, values: Sequence[float]) -> list[dict]:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        rows = []
-        try:
-            barrier.wait()
-            for i, value in enumerate(values):
-                mean, count = step(server, corrid, value, i == 0, i == len(values) - 1, client=client, model=model)
-                rows.append({"corrid": corrid, "step": i, "value": float(value), "mean": mean, "count": count,
-                             "expected": float(expected_means(values[: i + 1])[-1])})
-        finally:
-            client.close()
-        return rows
-
-    before = settled_statistics(server, model)
-    with ThreadPoolExecutor(len(sequences), thread_name_prefix="sequence") as pool:
-        futures = [pool.submit(run, c, v) for c, v in sequences.items()]
-        rows = [row for f in futures for row in f.result(timeout=timeout_s)]
-    after = settled_statistics(server, model)
-    return ConcurrentRun(pd.DataFrame(rows), _stats.window(before, after, model))
 
 
 def is_live(server: RunningServer, corrid: int, model: str = MODEL) -> bool:

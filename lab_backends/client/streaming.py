@@ -55,7 +55,11 @@ def _plain(array: np.ndarray) -> Any:
 
 
 def grpc_stream(
-    server: RunningServer, model: str, inputs: Mapping[str, np.ndarray], timeout_s: float = 30.0, request_id: str = "stream-1"
+    server: RunningServer,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    timeout_s: float = 30.0,
+    request_id: str = "stream-1",
 ) -> list[StreamEvent]:
     """Send one request on a gRPC stream and collect every response until the final flag (or an error).
 

@@ -56,5 +56,5 @@ def save_pickle(estimator: Any, path: Path) -> Path:
 def predict_proba(path: Path, pixels: np.ndarray) -> np.ndarray:
     """Direct (server-free) probabilities from a built pickle, as a reference for tests."""
     with open(path, "rb") as handle:
-        estimator = pickle.load(handle)  # noqa: S301 - our own artifact, built by build_models
+        estimator = pickle.load(handle)
     return estimator.predict_proba(pixels).astype(np.float32)

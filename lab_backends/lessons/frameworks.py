@@ -83,7 +83,9 @@ def served_logits(server: RunningServer, model: str, pixels: np.ndarray, max_bat
     spec = served(model)
     pixels = np.ascontiguousarray(pixels, dtype=np.float32)
     parts = [
-        infer(server, model, {spec.input: pixels[i : i + max_batch]}, outputs=[spec.output], protocol=protocol)[spec.output]
+        infer(server, model, {spec.input: pixels[i : i + max_batch]}, outputs=[spec.output], protocol=protocol)[
+            spec.output
+        ]
         for i in range(0, len(pixels), max_batch)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, 10), np.float32)

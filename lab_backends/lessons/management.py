@@ -4,7 +4,8 @@ Notebook 07 drives Triton's model-repository API (``--model-control-mode=explici
 ``TritonServer`` here uses). The helpers below keep its cells short and say *why* each step is
 done the way it is:
 
-* a config override on load **replaces the whole config**, so :func:`derived_config` starts from
+* a config override on load **replaces the whole config**, so
+  :func:`~lab_backends.server.config_changes.derive_config` starts from
   the config the server uses now and changes one field;
 * version states come from the repository index, the one API that also lists versions which are
   not loaded (with the reason);
@@ -20,7 +21,7 @@ import threading
 import time
 from base64 import b64encode
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from tritonclient.grpc import model_config_pb2
 
@@ -28,6 +29,7 @@ from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError
 from lab_backends.server.repository import ModelConfig, config_json
 from lab_backends.server.running import RunningServer
+from lab_backends.waiting import poll
 
 #: A Python model whose every version answers with its own version number: which version served a
 #: request is then visible in the response, not only in the server's bookkeeping.
@@ -63,7 +65,7 @@ def versioned_config(name: str, versions_policy: model_config_pb2.ModelVersionPo
 
 
 def version_policy(
-    latest: int | None = None, specific: Sequence[int] | None = None, all: bool = False  # noqa: A002
+    latest: int | None = None, specific: Sequence[int] | None = None, all: bool = False
 ) -> model_config_pb2.ModelVersionPolicy:
     """One of Triton's three version policies: ``latest=N``, ``specific=[...]`` or ``all=True``."""
     chosen = [latest is not None, specific is not None, bool(all)]
@@ -81,25 +83,6 @@ def version_policy(
     else:
         policy.all.SetInParent()
     return policy
-
-
-def derived_config(server: RunningServer, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
-    """The server's current config for ``name``, copied and changed by ``edit(config)``.
-
-    Why not write just the field you want? Because Triton *replaces* the whole config with the one
-    sent on load: an override holding only a version policy would drop the inputs, outputs and
-    batching of the model (and the load would fail, or worse, succeed with other settings).
-    """
-    config = copy.deepcopy(server.model_config(name))
-    edit(config)
-    return config
-
-
-def load_with(server: RunningServer, name: str, edit: Callable[[ModelConfig], None]) -> ModelConfig:
-    """Reload ``name`` with :func:`derived_config`; returns the config that was sent."""
-    config = derived_config(server, name, edit)
-    server.load_model(name, config=config)
-    return config
 
 
 def reload_from_disk(server: RunningServer, name: str, timeout_s: float = 30.0) -> None:
@@ -140,13 +123,14 @@ def wait_until_unloaded(server: RunningServer, name: str, timeout_s: float = 30.
     then calls ``finalize``. Anything that depends on the model being gone must wait for this.
     """
     start = time.monotonic()
-    while True:
-        states = version_states(server, name)
-        if not any(state in ("READY", "UNLOADING", "LOADING") for state in states.values()):
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            raise ModelLoadError(name, f"still {states} after {timeout_s:.0f} s", hint="check the server log")
-        time.sleep(0.05)
+    states = poll(
+        lambda: version_states(server, name),
+        lambda seen: not any(state in ("READY", "UNLOADING", "LOADING") for state in seen.values()),
+        timeout_s,
+    )
+    if any(state in ("READY", "UNLOADING", "LOADING") for state in states.values()):
+        raise ModelLoadError(name, f"still {states} after {timeout_s:.0f} s", hint="check the server log")
+    return time.monotonic() - start
 
 
 def infer_version(server: RunningServer, name: str, version: int | None = None, protocol: str = "http") -> int:

@@ -74,11 +74,15 @@ def client_pipeline(server: RunningServer, images: np.ndarray, framework: str = 
     if framework not in FRAMEWORKS:
         raise LabBackendsError(f"framework must be one of {sorted(FRAMEWORKS)}, not {framework!r}")
     pixels = infer(server, "digits_preprocess", {"IMAGE": images}, protocol=protocol, request_id=request_id)["PIXELS"]
-    logits = infer(server, FRAMEWORKS[framework], {"PIXELS": pixels}, protocol=protocol, request_id=request_id)["LOGITS"]
+    logits = infer(server, FRAMEWORKS[framework], {"PIXELS": pixels}, protocol=protocol, request_id=request_id)[
+        "LOGITS"
+    ]
     return infer(server, "digits_postprocess", {"LOGITS": logits}, protocol=protocol, request_id=request_id)
 
 
-def run(server: RunningServer, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = "") -> dict[str, np.ndarray]:
+def run(
+    server: RunningServer, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = ""
+) -> dict[str, np.ndarray]:
     """LABELS and PROBS for ``images``, computed one of the :data:`WAYS`."""
     from lab_backends.client.infer import infer
 

@@ -21,7 +21,7 @@ import pandas as pd
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, run_closed
-from lab_backends.measure.sweep import apply_config
+from lab_backends.server.config_changes import apply_config
 from lab_backends.server.running import RunningServer
 
 
@@ -84,7 +84,9 @@ class BatchingPanel:
             placeholder="e.g. 4, 8, 16 (empty: none)", description="preferred batch sizes", style=style, layout=layout,
         )
         count = self.base.instance_group[0].count if self.base.instance_group else 1
-        self.instances = w.IntSlider(value=max(count, 1), min=1, max=4, description="instances", style=style, layout=layout)
+        self.instances = w.IntSlider(
+            value=max(count, 1), min=1, max=4, description="instances", style=style, layout=layout
+        )
         self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
                                        style=style, layout=layout)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")

@@ -153,7 +153,10 @@ def figure(frame: pd.DataFrame) -> Any:
 
 def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | None = None) -> str:
     """Markdown tables plus the issue's targets, computed from the rows."""
-    lines = ["| model | batching | c | req/s | p50 ms | p90 ms | p99 ms | avg batch |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | batching | c | req/s | p50 ms | p90 ms | p99 ms | avg batch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in batching.iterrows():
         lines.append(f"| {r.model} | {r.batching} | {r.concurrency} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | "
                      f"{r.p90_ms:.1f} | {r.p99_ms:.1f} | {r.avg_batch:.1f} |")
@@ -196,6 +199,10 @@ def report(batching: pd.DataFrame, loadgen: pd.DataFrame, cycle: pd.DataFrame | 
         # Our HTTP generator, under its current name or the one older CSVs carry ("lab_backends.load http").
         ours = next((t for t in tools if t.startswith("lab_backends") and t.endswith(" http")), None)
         if "wrk" in tools and ours:
-            note = "(target >= 0.95)" if model == "cost_model" else "(diagnostic: no model cost, the clients share the cores)"
+            note = (
+                "(target >= 0.95)"
+                if model == "cost_model"
+                else "(diagnostic: no model cost, the clients share the cores)"
+            )
             lines.append(f"- {model}: our HTTP generator / wrk = {tools[ours] / tools['wrk']:.2f} {note}")
     return "\n".join(lines)

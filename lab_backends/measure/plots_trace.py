@@ -72,13 +72,22 @@ def waterfall(stages: pd.DataFrame, ax: Any = None, title: str | None = None, pe
                     color=STAGE_COLORS.get(stage.stage, "grey"), edgecolor="white", linewidth=0.5, height=0.7)
         rid = f" '{head.request_id}'" if isinstance(head.request_id, str) and depths[int(tid)] == 0 else ""
         proto = f" ({head.protocol})" if depths[int(tid)] == 0 and isinstance(head.protocol, str) else ""
-        labels.append("    " * depths[int(tid)] + ("└ " if depths[int(tid)] else "") + f"{head.model} #{tid}{rid}{proto}")
+        labels.append(
+            "    " * depths[int(tid)] + ("└ " if depths[int(tid)] else "") + f"{head.model} #{tid}{rid}{proto}"
+        )
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("milliseconds" + (" since the request arrived" if per_request_origin else " since the first stage shown"))
+    ax.set_xlabel(
+        "milliseconds" + (" since the request arrived" if per_request_origin else " since the first stage shown")
+    )
     shown = [s for s in (*STAGES, *EXTRA_STAGES) if s in set(stages["stage"])]
-    ax.legend(handles=[Patch(color=STAGE_COLORS[s], label=s) for s in shown], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.legend(
+        handles=[Patch(color=STAGE_COLORS[s], label=s) for s in shown],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
     ax.grid(axis="x", alpha=0.3)
     if title:
         ax.set_title(title)

@@ -26,7 +26,7 @@ def summed_metrics(server: Any, timeout_s: float = 10.0) -> str:
     Counters and gauges both add up across pods (requests, queued requests, memory); quantiles of
     summaries do not, and are left out rather than made up.
     """
-    from lab_backends.measure.stats import parse_metrics
+    from lab_backends.measure.prometheus import parse_metrics
 
     total: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     types: dict[str, str] = {}

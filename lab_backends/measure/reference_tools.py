@@ -28,7 +28,7 @@ from typing import Any, Callable
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure import stats as _stats
 from lab_backends.measure.loadgen import example_inputs, http_request_bytes, run_closed
-from lab_backends.measure.sweep import apply_config
+from lab_backends.server.config_changes import apply_config
 from lab_backends.server.repository import ModelConfig
 from lab_backends.server.running import RunningServer
 

@@ -12,16 +12,15 @@ dicts or text, so the arithmetic is unit-tested on payloads recorded from a real
 from __future__ import annotations
 
 import json
-import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
+from lab_backends.measure.prometheus import Metrics, metrics_delta, metrics_timeline, parse_metrics
 from lab_backends.server.endpoints import summed_statistics
 from lab_backends.server.running import RunningServer
-from lab_backends.waiting import poll
+from lab_backends.waiting import poll, settled
 
 #: The per-request duration counters of ``inference_stats`` that split server time by stage.
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -202,92 +201,6 @@ def window(before: Mapping[str, Any], after: Mapping[str, Any], model: str, vers
     )
 
 
-# ------------------------------------------------------------------------------- Prometheus text
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass
-class Metrics:
-    """A parsed Prometheus page: samples keyed by (name, sorted labels), plus each family's type."""
-
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
-    types: dict[str, str]
-
-
-def parse_metrics(text: str) -> Metrics:
-    """Parse the Prometheus text format (enough of it for Triton's page)."""
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    types: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("# TYPE"):
-            parts = line.split()
-            if len(parts) >= 4:
-                types[parts[2]] = parts[3]
-            continue
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, labels, value = match.groups()
-        key = tuple(sorted(_LABEL.findall(labels or "")))
-        try:
-            samples[(name, key)] = float(value)
-        except ValueError:
-            continue
-    return Metrics(samples, types)
-
-
-def metrics_delta(before: str | Metrics, after: str | Metrics, model: str | None = None) -> dict[str, float]:
-    """Counter deltas (summed over label sets) and gauge values after, for one model or all.
-
-    Counters are what a window is made of (``nv_inference_count``, ``..._duration_us``); a gauge
-    (``nv_cpu_utilization``, memory) has no meaningful difference, so its *after* value is given.
-    Samples that carry a ``model`` label are kept only when it matches ``model``.
-    """
-    b = before if isinstance(before, Metrics) else parse_metrics(before)
-    a = after if isinstance(after, Metrics) else parse_metrics(after)
-    out: dict[str, float] = {}
-    for (name, labels), value in a.samples.items():
-        label_map = dict(labels)
-        if model is not None and "model" in label_map and label_map["model"] != model:
-            continue
-        kind = a.types.get(name) or a.types.get(re.sub(r"_(sum|count|total|bucket)$", "", name), "untyped")
-        if kind == "counter" or (kind == "summary" and name.endswith(("_sum", "_count"))):
-            out[name] = out.get(name, 0.0) + value - b.samples.get((name, labels), 0.0)
-        elif kind == "gauge":
-            out[name] = out.get(name, 0.0) + value
-    return out
-
-
-def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None) -> "Any":
-    """Prometheus pages sampled during a window -> a DataFrame, one row per sample.
-
-    Columns: ``t_s`` (seconds into the window), every counter as its increase since the first
-    sample, every gauge as sampled, and three rates derived between consecutive samples:
-    ``throughput_rps``, ``avg_batch`` and ``queue_ms`` (average queue time per request).
-    """
-    import pandas as pd
-
-    if not samples:
-        return pd.DataFrame(columns=["t_s"])
-    first = parse_metrics(samples[0][1])
-    rows = [{"t_s": t, **metrics_delta(first, parse_metrics(text), model)} for t, text in samples]
-    frame = pd.DataFrame(rows)
-    dt = frame["t_s"].diff()
-    if "nv_inference_request_success" in frame:
-        done = frame["nv_inference_request_success"].diff()
-        frame["throughput_rps"] = done / dt
-        if "nv_inference_queue_duration_us" in frame:
-            frame["queue_ms"] = frame["nv_inference_queue_duration_us"].diff() / done / 1000.0
-    if "nv_inference_count" in frame and "nv_inference_exec_count" in frame:
-        frame["avg_batch"] = frame["nv_inference_count"].diff() / frame["nv_inference_exec_count"].diff()
-    return frame
-
-
 def inference_count(server: RunningServer, model: str) -> int:
     """Rows the server has computed for ``model`` so far (``inference_count``, all versions)."""
     return sum(_int(s.get("inference_count", 0)) for s in fetch_statistics(server, model).get("model_stats", []))
@@ -315,11 +228,9 @@ def settled_statistics(server: RunningServer, model: str, attempts: int = 50) ->
         t = totals(payload, model)
         return t.success[0], t.fail[0], t.executions, t.inferences
 
-    payload = fetch_statistics(server, model)
-    for _ in range(attempts):
-        time.sleep(0.005)
-        again = fetch_statistics(server, model)
-        if key(again) == key(payload):
-            return again
-        payload = again
-    return payload
+    return settled(lambda: fetch_statistics(server, model), key, attempts=attempts)
+
+
+__all__ = ["STAGES", "Metrics", "ServerWindow", "Totals", "fetch_statistics", "inference_count", "metrics_delta",
+           "metrics_timeline", "model_entries", "parse_metrics", "rows_since", "scrape_metrics", "settled_statistics",
+           "totals", "window"]

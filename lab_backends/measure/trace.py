@@ -33,23 +33,28 @@ Why these choices:
   ``parent_id``; front-end stages (receive/send) exist only on the top-level trace.
 
 With ``log_frequency=0`` the file is written only when the server stops; with ``log_frequency=N``
-Triton writes ``F.0``, ``F.1``, ... every N traces while it runs. :func:`load` reads either.
+Triton writes ``F.0``, ``F.1``, ... every N traces while it runs. :func:`read_trace` reads either.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import pandas as pd
 
-from lab_backends import rest
 from lab_backends.errors import TraceError
-from lab_backends.server.running import RunningServer
+from lab_backends.measure.pods import pod_trace_file
+
+# Talking to the server (settings, a traced burst) lives in trace_control; notebooks call them as trace.*.
+from lab_backends.measure.trace_control import send_burst as send_burst
+from lab_backends.measure.trace_control import trace_path as trace_path
+from lab_backends.measure.trace_control import trace_settings as trace_settings
+from lab_backends.measure.trace_control import update_trace_settings as update_trace_settings
+from lab_backends.waiting import poll
 
 #: The stages of one request, in the order a request goes through them.
 STAGES = ("receive", "queue", "compute_input", "infer", "output", "send")
@@ -119,7 +124,7 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
-def load(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
+def read_trace(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
          request_ids: Iterable[str] = ()) -> "TraceLog":
     """Parse the trace at ``path``, waiting up to ``timeout_s`` until it is complete enough.
 
@@ -129,23 +134,25 @@ def load(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
     already has the answer.
     """
     wanted = set(request_ids)
-    from lab_backends.measure.pods import pod_trace_file  # a class server: the file of the pod that served them
+    # A class server: read the file of the pod that served these requests (measure/pods.py).
     path = pod_trace_file(path, wanted, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def look() -> tuple[TraceLog | None, str]:
         try:
             log = TraceLog.from_records(read_records(path))
-            top = log.requests[(log.requests["depth"] == 0) & log.requests["end_ns"].notna()]
-            missing = wanted - set(top["request_id"].dropna())
-            if len(top) >= expect and not missing:
-                return log
-            problem = (f"only {len(top)} of {expect} requests are complete in {path}" if len(top) < expect
-                       else f"requests {sorted(missing)[:10]} are not (yet) complete in {path}")
         except TraceError as exc:
-            problem = str(exc)
-        if time.monotonic() > deadline:
-            raise TraceError(f"{problem} after {timeout_s:.0f} s")
-        time.sleep(0.1)
+            return None, str(exc)
+        top = log.requests[(log.requests["depth"] == 0) & log.requests["end_ns"].notna()]
+        missing = wanted - set(top["request_id"].dropna())
+        if len(top) >= expect and not missing:
+            return log, ""
+        return None, (f"only {len(top)} of {expect} requests are complete in {path}" if len(top) < expect
+                      else f"requests {sorted(missing)[:10]} are not (yet) complete in {path}")
+
+    log, problem = poll(look, lambda seen: seen[0] is not None, timeout_s, 0.1)
+    if log is None:
+        raise TraceError(f"{problem} after {timeout_s:.0f} s")
+    return log
 
 
 # ---------------------------------------------------------------------------------------- parsing
@@ -274,7 +281,9 @@ class TraceLog:
         stages = pd.DataFrame(stage_rows, columns=STAGE_COLUMNS)
         stages["parent_id"] = stages["parent_id"].astype("Int64")
         order = {s: i for i, s in enumerate(STAGES + EXTRA_STAGES)}
-        stages = stages.sort_values(["root_id", "start_ns", "stage"], key=lambda c: c.map(order) if c.name == "stage" else c)
+        stages = stages.sort_values(
+            ["root_id", "start_ns", "stage"], key=lambda c: c.map(order) if c.name == "stage" else c
+        )
         return cls(requests.reset_index(drop=True), stages.reset_index(drop=True), stamps)
 
     # ------------------------------------------------------------------ questions a notebook asks
@@ -323,91 +332,3 @@ class TraceLog:
         """Mean milliseconds per stage, per model (like the statistics API, but from the trace)."""
         cols = [f"{s}_ms" for s in STAGES] + ["total_ms"]
         return self.requests.groupby("model")[cols].mean().round(3)
-
-
-# ---------------------------------------------------------------------------------------- runtime settings
-def trace_path(server: RunningServer) -> Path:
-    """Where this process can read ``server``'s trace file, or a :class:`TraceError` saying how to get one.
-
-    A local server writes the file given at startup (``trace_file=``); a remote one writes where
-    it was told, and ``TRITON_TRACE_FILE`` says where the lab sees it (docker-compose shares
-    ``/traces`` between the two containers).
-    """
-    path = getattr(server, "trace_file", None)
-    if path is None:
-        raise TraceError(
-            "this server has no trace file: start it with TritonServer(..., trace_file=path), or, for a "
-            "remote server at TRITON_URL, set TRITON_TRACE_FILE to where this machine sees its trace file"
-        )
-    return Path(path)
-
-
-def _trace_url(server: RunningServer, model: str = "") -> str:
-    base = f"http://{server.http_url}/v2"
-    return f"{base}/models/{model}/trace/setting" if model else f"{base}/trace/setting"
-
-
-def trace_settings(server: RunningServer, model: str = "", use_key: bool = True) -> dict:
-    """The trace settings the server uses now (global, or for one model).
-
-    The trace API is restricted in this workbench, so the admin key is sent; ``use_key=False``
-    shows what a client without it gets (a :class:`TraceError` quoting HTTP 403).
-    """
-    return _send(_trace_url(server, model), headers=server.admin_headers if use_key else {})
-
-
-def update_trace_settings(server: RunningServer, model: str = "", **settings: Any) -> dict:
-    """Change tracing at runtime, e.g. ``update_trace_settings(server, trace_rate=10)``.
-
-    Values go to Triton as it expects them (lists for ``trace_level``, strings otherwise). The trace
-    *file* can only be chosen at startup: ``trace_file=`` here is refused by Triton.
-    """
-    body = {k: (list(v) if isinstance(v, (list, tuple)) else str(v)) for k, v in settings.items()}
-    return _send(_trace_url(server, model), body=json.dumps(body).encode(), method="POST",
-                 headers={"Content-Type": "application/json", **server.admin_headers})
-
-
-def _send(url: str, method: str = "GET", body: bytes | None = None, headers: Mapping[str, str] | None = None) -> dict:
-    status, answer = rest.request(url, method=method, body=body, headers=headers, timeout=10)
-    if status != 200:
-        hint = " (the trace API is restricted: pass the server's admin key)" if status == 403 else ""
-        raise TraceError(f"trace settings request failed with HTTP {status}: {answer.decode(errors='replace')}{hint}")
-    return json.loads(answer)
-
-
-# ---------------------------------------------------------------------------------------- experiments
-def send_burst(server: RunningServer, model: str, inputs: dict, n: int, prefix: str = "burst",
-               timeout_s: float = 60.0, head_start_ms: float = 0.0) -> list[str]:
-    """Send ``n`` gRPC requests at once (``request_id`` = ``<prefix>-<i>``) and wait for all answers.
-
-    Why: a single instance can run one batch at a time, so requests that arrive together must wait
-    in the scheduler's queue: exactly what a trace should show. With ``head_start_ms`` the first
-    request goes alone and the others follow that much later, so that the first one is already
-    running when they arrive (whatever else the machine is doing). Returns the request ids.
-    """
-    import threading
-
-    from lab_backends.client.infer import make_inputs
-
-    if not 1 <= n <= 1000:
-        raise TraceError(f"a burst of {n} requests is out of range: use 1..1000")
-    done = threading.Semaphore(0)
-    errors: list[str] = []
-
-    def finished(result: Any, error: Any) -> None:
-        if error is not None:
-            errors.append(str(error))
-        done.release()
-
-    ids = [f"{prefix}-{i}" for i in range(n)]
-    for i, rid in enumerate(ids):
-        server.grpc_client.async_infer(model, make_inputs(inputs), finished, request_id=rid)
-        if i == 0 and head_start_ms > 0:
-            time.sleep(head_start_ms / 1000.0)
-    deadline = time.monotonic() + timeout_s
-    for _ in ids:
-        if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise TraceError(f"the burst to {model!r} did not complete within {timeout_s:.0f} s")
-    if errors:
-        raise TraceError(f"{len(errors)} of {n} requests to {model!r} failed, e.g.: {errors[0]}")
-    return ids

@@ -69,7 +69,7 @@ class Bundle:
 def find_bundle() -> Bundle:
     """Locate the embedded Triton or say exactly what to install."""
     try:
-        import pytriton  # noqa: F401  (only its location matters)
+        import pytriton
     except ImportError as exc:
         raise ServerBinaryNotFoundError(
             "the embedded Triton comes from the nvidia-pytriton wheel, which is not installed in "

@@ -33,7 +33,7 @@ C_BACKENDS_DIR = PROJECT_ROOT / "c_backends"
 INCLUDE_DIR = C_BACKENDS_DIR / "include"
 #: The entry point Triton insists on; the others are optional.
 REQUIRED_ENTRY_POINT = "TRITONBACKEND_ModelInstanceExecute"
-CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=hidden")
+CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden")
 
 
 def library_path(name: str, backend_dir: Path = BACKEND_DIR) -> Path:

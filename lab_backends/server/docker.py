@@ -157,7 +157,7 @@ def docker_client() -> Any:
         client = docker.from_env()
         client.ping()
         return client
-    except Exception as exc:  # noqa: BLE001 - DockerException, requests errors, a missing socket...
+    except Exception as exc:
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         raise DockerUnavailableError(
             f"no Docker engine answers at {where} ({type(exc).__name__}: {exc}). Start Docker (and, for "

@@ -11,11 +11,12 @@ a model that "is ready" and "does not work", which is exactly the confusion this
 * :func:`recover` unloads and loads the model through the restricted model-repository API (the
   only thing that brings a stub back), removes the dead stub's ``/dev/shm`` region that Triton
   leaves behind, and says what happened;
-* :func:`infer_with_recovery` wraps one inference: on a stub crash it recovers once, tells the
+* :func:`lab_backends.client.recovering.infer_with_recovery` (client layer) wraps one inference:
+  on a stub crash it recovers once, tells the
   learner, and retries; if that does not help it raises :class:`StubCrashedError`.
 
 Process inspection needs the ``local`` target (it reads ``/proc``); the error-message path
-(:func:`crashed_instance`, :func:`infer_with_recovery`) works against any target.
+(:func:`crashed_instance`, ``infer_with_recovery``) works against any target.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 from lab_backends.errors import LabBackendsError, StubCrashedError
 from lab_backends.server.bundle import STUB_NAME
 from lab_backends.server.processes import SHM_PREFIX, group_members, remove_shm
 from lab_backends.server.running import RunningServer
+from lab_backends.waiting import poll
 
 #: Triton's words for a request that reached an instance whose stub is gone (2.51).
 _STUB_UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
@@ -207,25 +209,18 @@ def model_of_instance(server: RunningServer, instance: str) -> str:
     return match.group("model") if match else instance
 
 
-# ---------------------------------------------------------------------------- preflight
-# The check lives with the other model-folder knowledge; TritonServer runs it before every start.
-from lab_backends.server.repository import missing_model_file, preflight  # noqa: E402,F401  (re-exported)
-
-
 # ---------------------------------------------------------------------------- recovery
 def _wait_for_stubs(server: RunningServer, model: str, deadline: float) -> dict[str, int]:
     wanted = expected_instances(server, model)
-    while True:
-        live = stubs(server)
-        if all(name in live for name in wanted):
-            return {name: live[name].pid for name in wanted}
-        if time.monotonic() > deadline:
-            raise StubCrashedError(
-                f"model '{model}' was reloaded but its stub(s) {', '.join(n for n in wanted if n not in live)} "
-                "did not come back; its model.py probably crashes during initialize(). Look at "
-                "server.log_text() and restart the server."
-            )
-        time.sleep(0.05)
+    live = poll(lambda: stubs(server), lambda seen: all(name in seen for name in wanted),
+                max(0.0, deadline - time.monotonic()))
+    if not all(name in live for name in wanted):
+        raise StubCrashedError(
+            f"model '{model}' was reloaded but its stub(s) {', '.join(n for n in wanted if n not in live)} "
+            "did not come back; its model.py probably crashes during initialize(). Look at "
+            "server.log_text() and restart the server."
+        )
+    return {name: live[name].pid for name in wanted}
 
 
 def recover(
@@ -251,7 +246,7 @@ def recover(
     try:
         server.unload_model(model)
         server.load_model(model)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the learner-facing explanation
+    except Exception as exc:
         raise StubCrashedError(
             f"model '{model}' had a dead Python stub and reloading it failed: {exc}. Fix the model "
             "folder (see server.log_text()) or restart the server."
@@ -277,39 +272,3 @@ def recover(
 def recover_all(server: RunningServer, notify: Notify | None = _to_stderr) -> list[Recovery]:
     """Check every READY model and recover each one with a dead stub (local target)."""
     return [recover(server, model, notify=notify) for model in sorted(check_stubs(server))]
-
-
-def infer_with_recovery(
-    server: RunningServer,
-    model: str,
-    inputs: Mapping[str, Any],
-    notify: Notify | None = _to_stderr,
-    **kwargs: Any,
-) -> dict:
-    """:func:`lab_backends.client.infer.infer`, but a crashed stub is recovered once and the call retried.
-
-    The crashed instance may belong to another model than ``model`` (a step of an ensemble or a
-    BLS call): the model that owns it is the one reloaded. A second failure of the same kind raises
-    :class:`StubCrashedError`; every other error propagates unchanged.
-    """
-    from lab_backends.client.infer import infer
-
-    try:
-        return infer(server, model, inputs, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - only stub crashes are handled, the rest re-raised
-        instance = crashed_instance(exc)
-        if instance is None:
-            raise
-    owner = model_of_instance(server, instance)
-    recover(server, owner, notify=notify, trigger=instance)
-    try:
-        return infer(server, model, inputs, **kwargs)
-    except Exception as exc:  # noqa: BLE001
-        again = crashed_instance(exc)
-        if again is None:
-            raise
-        raise StubCrashedError(
-            f"model '{owner}' was reloaded after its stub {instance} died, but the retried request "
-            f"failed the same way ({again}): its model.py kills its own process on this input. "
-            "Look at server.log_text()."
-        ) from exc

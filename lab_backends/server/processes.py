@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
+
+from lab_backends.waiting import poll
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -113,18 +114,16 @@ def stop_group(pid: int, grace_s: float, reap=None) -> set[str]:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
+        nonlocal shm
         if reap:
             reap()
-        if not alive(pid) and not group_members(pid):
-            break
-        shm |= shm_regions(group_members(pid))
-        time.sleep(0.05)
+        members = group_members(pid)
+        shm |= shm_regions(members)
+        return not alive(pid) and not members
+
+    poll(gone, bool, grace_s)
     kill_group(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (group_members(pid) or alive(pid)):
-        if reap:
-            reap()
-        time.sleep(0.05)
+    poll(gone, bool, 5.0)
     return set(remove_shm(shm))

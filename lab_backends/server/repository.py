@@ -85,7 +85,9 @@ def missing_model_file(model_dir: Path) -> str | None:
     if config.backend != "python":
         return None
     filename = config.default_model_filename or "model.py"
-    versions = sorted((p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    versions = sorted(
+        (p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
     if not versions:
         return f"{model_dir} has no numeric version folder (e.g. {model_dir / '1' / filename})"
     policy = config.version_policy.WhichOneof("policy_choice")

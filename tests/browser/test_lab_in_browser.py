@@ -56,7 +56,9 @@ def _skip_without_chromium() -> None:
     """Skip loudly: the reason goes to pytest's summary (-ra), to stderr and to the warnings."""
     if CHROMIUM.exists():
         return
-    recorded = MISSING_REASON_FILE.read_text().strip().removeprefix("browser-deps: ") if MISSING_REASON_FILE.exists() else ""
+    recorded = (
+        MISSING_REASON_FILE.read_text().strip().removeprefix("browser-deps: ") if MISSING_REASON_FILE.exists() else ""
+    )
     reason = (f"{CHROMIUM} is missing: {recorded or 'not installed'}. "
               "Install Debian's chromium (`make browser-deps`, as root or with sudo) to run the browser test.")
     print(f"\nSKIPPED browser test: {reason}", file=sys.stderr)
@@ -228,7 +230,10 @@ def test_batching_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> N
                 # The plot is taller than the viewport: bring the slider itself into view before
                 # reading its coordinates, or the drag lands outside the page (seen in CI).
                 slider.scroll_into_view_if_needed()
-                handle, track = slider.locator(".noUi-handle").bounding_box(), slider.locator(".noUi-target").bounding_box()
+                handle, track = (
+                    slider.locator(".noUi-handle").bounding_box(),
+                    slider.locator(".noUi-target").bounding_box(),
+                )
                 page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
                 page.mouse.down()
                 page.mouse.move(track["x"] + track["width"] * 0.08, handle["y"] + handle["height"] / 2, steps=8)
@@ -258,9 +263,14 @@ def test_batching_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> N
                 # Last, the cell that stops the notebook's server.
                 stop_cell.locator(".jp-InputPrompt").click()
                 _run_menu(page, "Run Selected Cell")
-                _wait("server.stop() to run",
-                      lambda: _kernel_idle(page) and stop_cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[ ]:", "[*]:"),
-                      30)
+                _wait(
+                    "server.stop() to run",
+                    lambda: (
+                        _kernel_idle(page)
+                        and stop_cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[ ]:", "[*]:")
+                    ),
+                    30,
+                )
                 _no_errors(page)
                 page.screenshot(path=str(ARTIFACTS / "04-done.png"), full_page=True)
             except BaseException:

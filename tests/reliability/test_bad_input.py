@@ -15,8 +15,8 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from lab_backends import rest
 from lab_backends.client.infer import infer
-from lab_backends.server.triton_server import _http_post
 
 from .conftest import known_good
 
@@ -36,8 +36,8 @@ def _error(server, protocol, model, inputs) -> InferenceServerException:
 
 
 def _post(server, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    status, raw = _http_post(
-        f"http://{server.http_url}{path}", body, headers or {"Content-Type": "application/json"}, timeout=60
+    status, raw = rest.request(
+        f"http://{server.http_url}{path}", "POST", body, headers or {"Content-Type": "application/json"}, timeout=60
     )
     return status, raw.decode(errors="replace")
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from lab_backends.errors import ModelLoadError
-from lab_backends.server.health import preflight
 from lab_backends.server.processes import SHM_DIR, SHM_PREFIX, remove_shm
-from lab_backends.server.repository import config_text, read_config
+from lab_backends.server.repository import config_text, preflight, read_config
 from lab_backends.server.triton_server import TritonServer
 
 from .conftest import known_good

@@ -25,11 +25,12 @@ import psutil
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.server.options import RESTRICTED_APIS
+from lab_backends import rest
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.ports import free_ports
 from lab_backends.server.processes import alive, group_members
-from lab_backends.server.triton_server import TritonServer, _http_get, _http_post
+from lab_backends.server.triton_server import TritonServer
 
 from .conftest import REPOSITORIES, known_good
 
@@ -39,6 +40,14 @@ LOOPBACK = ipaddress.ip_address("127.0.0.1")
 
 
 # ---------------------------------------------------------------------------- helpers
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    return rest.request(url, "POST", body, headers, timeout=10.0)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    return rest.request(url, "GET", timeout=2.0)
+
 def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
     """(pid, address, port) of every listening TCP socket and bound UDP socket of these processes."""
     found = []
@@ -113,12 +122,13 @@ def test_http_admin_api_refuses_without_the_key_and_works_with_it(rel_server, ap
 def test_unauthenticated_code_upload_is_refused_and_runs_nothing(rel_server, tmp_path):
     """What notebook 07 shows: a load with an uploaded model.py, without the key: 403."""
     marker = tmp_path / "pwned"
-    code = f"open({str(marker)!r}, 'w').write('ran')\nclass TritonPythonModel:\n    def execute(self, r):\n        return []\n"
+    code = (f"open({str(marker)!r}, 'w').write('ran')\n"
+            "class TritonPythonModel:\n    def execute(self, r):\n        return []\n")
     config = {"name": "intruder", "backend": "python", "max_batch_size": 0}
     payload = {
         "parameters": {"config": json.dumps(config), "file:1/model.py": base64.b64encode(code.encode()).decode()}
     }
-    status, answer = _http_post(
+    status, answer = _post(
         f"http://{rel_server.http_url}/v2/repository/models/intruder/load",
         json.dumps(payload).encode(), {"Content-Type": "application/json"},
     )
@@ -127,7 +137,7 @@ def test_unauthenticated_code_upload_is_refused_and_runs_nothing(rel_server, tmp
     time.sleep(0.5)
     assert not marker.exists()
     assert "intruder" not in {e["name"] for e in rel_server.repository_index()}
-    status, _ = _http_post(
+    status, _ = _post(
         f"http://{rel_server.http_url}/v2/repository/models/rel_double/unload", b"{}",
         {"Content-Type": "application/json"},
     )
@@ -135,7 +145,7 @@ def test_unauthenticated_code_upload_is_refused_and_runs_nothing(rel_server, tmp
     known_good(rel_server)  # still loaded: the unauthenticated unload did nothing
 
     # The same request with the key is a working upload: the refusal above was the key, not the form.
-    status, answer = _http_post(
+    status, answer = _post(
         f"http://{rel_server.http_url}/v2/repository/models/intruder/load",
         json.dumps(payload).encode(), {"Content-Type": "application/json", **rel_server.admin_headers},
     )
@@ -147,8 +157,8 @@ def test_unauthenticated_code_upload_is_refused_and_runs_nothing(rel_server, tmp
 
 
 def test_inference_and_health_stay_open(rel_server):
-    assert _http_get(f"http://{rel_server.http_url}/v2/health/ready")[0] == 200
-    assert _http_get(f"http://{rel_server.http_url}/v2/models/rel_double")[0] == 200
+    assert _get(f"http://{rel_server.http_url}/v2/health/ready")[0] == 200
+    assert _get(f"http://{rel_server.http_url}/v2/models/rel_double")[0] == 200
     known_good(rel_server, "http")
 
 

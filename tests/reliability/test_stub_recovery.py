@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from lab_backends.server import health
 from lab_backends.client.infer import infer
+from lab_backends.client.recovering import infer_with_recovery
 from lab_backends.errors import StubCrashedError
+from lab_backends.server import health
 from lab_backends.server.processes import SHM_DIR
 from lab_backends.server.triton_server import TritonServer
 
@@ -90,7 +91,7 @@ def test_killed_stub_is_detected_recovered_and_explained(server):
 def test_infer_with_recovery_recovers_once_and_retries(server):
     _kill_stub(server, "rel_double_0_0")
     messages: list[str] = []
-    out = health.infer_with_recovery(server, "rel_double", {"INPUT0": X}, notify=messages.append)
+    out = infer_with_recovery(server, "rel_double", {"INPUT0": X}, notify=messages.append)
     np.testing.assert_array_equal(out["OUTPUT0"], 2 * X)
     assert len(messages) == 1 and "Stub process 'rel_double_0_0' is not healthy" in messages[0]
     assert health.check_stubs(server) == {}
@@ -100,7 +101,7 @@ def test_model_that_kills_its_own_stub_ends_in_stub_crashed_error(server):
     """The crash is the model's own doing: recovery happens once, then a clear error, no loop."""
     messages: list[str] = []
     with pytest.raises(StubCrashedError, match="kills its own process on this input"):
-        health.infer_with_recovery(server, "rel_crash", {"INPUT0": -(X + 1)}, notify=messages.append)
+        infer_with_recovery(server, "rel_crash", {"INPUT0": -(X + 1)}, notify=messages.append)
     assert len(messages) == 1  # recovered exactly once
     recoveries = health.recover_all(server, notify=messages.append)
     assert [r.model for r in recoveries] == ["rel_crash"]

@@ -9,7 +9,7 @@ A new exercise: a module here named after the notebook's topic, a checker decora
 """
 
 # The checkers, in notebook order; imported for their registration.
-from lab_backends.lessons.exercises import (  # noqa: F401, E402
+from lab_backends.lessons.exercises import (  # noqa: F401
     batching,
     c_backend,
     end_to_end,

@@ -32,7 +32,7 @@ def _check_tune_the_batcher(answer: Any, server: RunningServer | None) -> str:
     import contextlib
 
     from lab_backends.measure.loadgen import run_closed
-    from lab_backends.measure.sweep import apply_config, derive_config
+    from lab_backends.server.config_changes import apply_config, derive_config
     from lab_backends.server.triton_server import TritonServer
 
     if answer is None:
@@ -49,13 +49,15 @@ def _check_tune_the_batcher(answer: Any, server: RunningServer | None) -> str:
             tuned = derive_config(unbatched, answer)
         except NotImplementedError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a bad override: say what was wrong with it
+        except Exception as exc:
             raise ExerciseError(f"your override could not be applied: {type(exc).__name__}: {exc}") from exc
         if not tuned.HasField("dynamic_batching"):
             raise ExerciseError("the tuned config has no dynamic_batching: without it every execute() runs one request")
         instances = sum(g.count or 1 for g in tuned.instance_group) or 1
         if instances != 1:
-            raise ExerciseError(f"the tuned config runs {instances} instances; the task allows one: let the batcher do it")
+            raise ExerciseError(
+                f"the tuned config runs {instances} instances; the task allows one: let the batcher do it"
+            )
         stack.callback(server.load_model, model, live)  # give the learner's server back as it was
         load = dict(requests=400, duration_s=2.5, warmup_requests=2 * BATCHER_CONCURRENCY)
         apply_config(server, model, unbatched)

@@ -28,7 +28,9 @@ EXERCISE_ROWS = 150
     ),
     models=("digits_torch", "digits_onnx"),
 )
-def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarray], server: RunningServer | None) -> str:
+def _check_framework_agreement(
+    answer: Callable[[Any, str, np.ndarray], np.ndarray], server: RunningServer | None
+) -> str:
     """Checker of exercise ``framework_agreement`` (registered in :mod:`lab_backends.lessons.exercises`).
 
     The learner's ``logits_of(server, model, images)`` must get LOGITS for 150 raw images from the
@@ -57,9 +59,11 @@ def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarr
                 out = answer(server, model, images.copy())
             except (NotImplementedError, ExerciseError):
                 raise
-            except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
+            except Exception as exc:
                 first = str(exc).splitlines()[0] if str(exc) else ""
-                raise ExerciseError(f"logits_of(server, {model!r}, images) raised {type(exc).__name__}: {first[:300]}") from exc
+                raise ExerciseError(
+                    f"logits_of(server, {model!r}, images) raised {type(exc).__name__}: {first[:300]}"
+                ) from exc
             rows = _stats.rows_since(server, model, before, len(images))
             out = np.asarray(out)
             if out.shape != (len(images), 10):
@@ -77,5 +81,7 @@ def _check_framework_agreement(answer: Callable[[Any, str, np.ndarray], np.ndarr
     cmp = agreement(got["digits_torch"], got["digits_onnx"], labels)
     if not (cmp["max_abs_diff"] < 1e-5 and cmp["same_labels"]):
         raise ExerciseError(f"torch and onnx disagree: {cmp}")
-    return (f"both frameworks answered all {len(images)} images through the server (requests of at most "
-            f"{MAX_BATCH} rows), {cmp['max_abs_diff']:.1e} apart at most, same digits, accuracy {cmp['accuracy_a']:.1%}.")
+    return (
+        f"both frameworks answered all {len(images)} images through the server (requests of at most "
+        f"{MAX_BATCH} rows), {cmp['max_abs_diff']:.1e} apart at most, same digits, accuracy {cmp['accuracy_a']:.1%}."
+    )

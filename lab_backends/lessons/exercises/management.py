@@ -49,10 +49,12 @@ def _check_canary_versions(answer: Callable[[Any, str], Any], server: RunningSer
                 answer(own, CANARY_MODEL)
             except (NotImplementedError, ExerciseError):
                 raise
-            except Exception as exc:  # noqa: BLE001 - e.g. the server refused the load: say so
+            except Exception as exc:
                 raise ExerciseError(f"canary(server, name) raised {type(exc).__name__}: {exc}") from exc
             if files() != before:
-                raise ExerciseError("files in the model folder changed: do it with a config override on load, not on disk")
+                raise ExerciseError(
+                    "files in the model folder changed: do it with a config override on load, not on disk"
+                )
             states = management.version_states(own, CANARY_MODEL)
             if management.ready_versions(own, CANARY_MODEL) != [1, 3]:
                 raise ExerciseError(

@@ -55,7 +55,9 @@ def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Runn
     if not isinstance(config, ModelConfig):
         raise ExerciseError(f"return a ModelConfig (or config.pbtxt text), not {type(config).__name__}")
     if config.name != LEARNER_ENSEMBLE:
-        raise ExerciseError(f"name the ensemble {LEARNER_ENSEMBLE!r} (it is {config.name!r}): two models cannot share a name")
+        raise ExerciseError(
+            f"name the ensemble {LEARNER_ENSEMBLE!r} (it is {config.name!r}): two models cannot share a name"
+        )
     steps = [s.model_name for s in config.ensemble_scheduling.step]
     if "digits_preprocess_c" not in steps or "digits_preprocess" in steps:
         raise ExerciseError(f"the steps call {steps}: replace digits_preprocess by digits_preprocess_c")
@@ -68,12 +70,12 @@ def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Runn
         with TritonServer(model_repository=[MODEL_REPOSITORY, Path(tmp)], models=needed, target="local") as own:
             try:
                 own.load_model(LEARNER_ENSEMBLE)
-            except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
+            except Exception as exc:
                 raise ExerciseError(f"the server refused to load your ensemble: {str(exc)[:500]}") from exc
             before = {m: _stats.inference_count(own, m) for m in ("digits_preprocess", "digits_preprocess_c")}
             try:
                 mine = infer(own, LEARNER_ENSEMBLE, {"IMAGE": images})
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise ExerciseError(f"your ensemble loaded but a request failed: {str(exc)[:500]}") from exc
             moved = {"digits_preprocess_c": _stats.rows_since(own, "digits_preprocess_c",
                                                               before["digits_preprocess_c"], len(images))}

@@ -40,14 +40,14 @@ def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: Ru
     with contextlib.ExitStack() as stack:
         if server is None or not server.model_ready(sequences.MODEL):
             server = stack.enter_context(TritonServer(models=[sequences.MODEL], target="local"))
-        before = sequences.settled_statistics(server, sequences.MODEL)
+        before = _stats.settled_statistics(server, sequences.MODEL)
         try:
             got = answer(server, {c: list(v) for c, v in task.items()})
         except (NotImplementedError, ExerciseError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the server's refusal is the feedback
+        except Exception as exc:
             raise ExerciseError(f"drive(server, sequences) raised {type(exc).__name__}: {exc}") from exc
-        after = sequences.settled_statistics(server, sequences.MODEL)
+        after = _stats.settled_statistics(server, sequences.MODEL)
         if not isinstance(got, dict):
             raise ExerciseError(f"drive must return a dict {{correlation ID: final mean}}, not {type(got).__name__}")
         if set(got) != set(task):

@@ -45,7 +45,7 @@ def _check_longest_queue(answer: Callable[[Any], str], server: RunningServer | N
         # Without log_frequency the file appears only at shutdown: stop first, then read.
         if server.options.trace_log_frequency == 0:
             server.stop()
-        log = trace.load(server.trace_file, request_ids=ids).select(ids)
+        log = trace.read_trace(server.trace_file, request_ids=ids).select(ids)
     top = log.requests[log.requests["depth"] == 0]
     expected = top.loc[top["queue_ms"].idxmax()]
     got = answer(log)

@@ -26,13 +26,7 @@ async def closed_phase(sender: Any, concurrency: int, count: int, seconds: float
         nonlocal issued
         while issued < count and clock() < deadline:
             issued += 1
-            start = clock()
-            try:
-                error = await sender.send()
-            except asyncio.CancelledError:
-                records.append((start, start, clock(), _CANCELLED))
-                raise
-            records.append((start, start, clock(), error))
+            await _send_one(sender, records)
 
     await _bounded(sender, [worker() for _ in range(concurrency)], seconds)
     return records
@@ -45,14 +39,8 @@ async def open_phase(
     clock = time.perf_counter
     tasks: set[asyncio.Task] = set()
 
-    async def one(scheduled: float) -> None:
-        start = clock()
-        try:
-            error = await sender.send()
-        except asyncio.CancelledError:
-            records.append((scheduled, start, clock(), _CANCELLED))
-            raise
-        records.append((scheduled, start, clock(), error))
+    def one(scheduled: float) -> Awaitable[None]:
+        return _send_one(sender, records, scheduled)
 
     async def arrivals() -> None:
         begin = clock()
@@ -77,6 +65,19 @@ async def open_phase(
 
     await _bounded(sender, [arrivals()], seconds)
     return records
+
+
+async def _send_one(sender: Any, records: list[Record], scheduled: float | None = None) -> None:
+    """Send one request and record it; ``scheduled`` (open loop) is when it should have left."""
+    clock = time.perf_counter
+    start = clock()
+    when = start if scheduled is None else scheduled
+    try:
+        error = await sender.send()
+    except asyncio.CancelledError:
+        records.append((when, start, clock(), _CANCELLED))
+        raise
+    records.append((when, start, clock(), error))
 
 
 async def _bounded(sender: Any, coroutines: list[Awaitable[None]], seconds: float) -> None:

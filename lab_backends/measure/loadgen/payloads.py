@@ -7,6 +7,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from lab_backends.client.wire import tensor_bytes, triton_dtype
+
 
 def example_inputs(config: Any, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     """One valid request's inputs for a model config (random values, variable dims set to 1).
@@ -37,16 +39,6 @@ def example_inputs(config: Any, batch: int = 1, seed: int = 0) -> dict[str, np.n
     return arrays
 
 
-def _tensor_bytes(array: np.ndarray) -> tuple[str, bytes]:
-    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
-
-    array = np.asarray(array)
-    if array.dtype.kind in "OSU":
-        serialized = serialize_byte_tensor(array)
-        return "BYTES", (serialized.item() if serialized.size > 0 else b"")
-    return np_to_triton_dtype(array.dtype), np.ascontiguousarray(array).tobytes()
-
-
 def grpc_request_bytes(
     model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None, version: str = ""
 ) -> bytes:
@@ -55,7 +47,7 @@ def grpc_request_bytes(
 
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for name, array in inputs.items():
-        datatype, raw = _tensor_bytes(array)
+        datatype, raw = triton_dtype(array), tensor_bytes(array)
         tensor = request.inputs.add(name=name, datatype=datatype)
         tensor.shape.extend(np.shape(array))
         request.raw_input_contents.append(raw)
@@ -71,7 +63,7 @@ def http_request_bytes(
     header: dict[str, Any] = {"inputs": [], "parameters": {"binary_data_output": True}}
     blobs = []
     for name, array in inputs.items():
-        datatype, raw = _tensor_bytes(array)
+        datatype, raw = triton_dtype(array), tensor_bytes(array)
         header["inputs"].append(
             {"name": name, "shape": list(np.shape(array)), "datatype": datatype,
              "parameters": {"binary_data_size": len(raw)}}

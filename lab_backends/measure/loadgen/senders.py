@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure.loadgen.http_client import HttpSender
 from lab_backends.measure.loadgen.payloads import grpc_request_bytes, http_request_bytes
@@ -58,12 +59,11 @@ class _TritonclientGrpcSender:
         self.client = aioclient.InferenceServerClient(self.url)
 
     async def send(self) -> str:
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        from tritonclient.utils import InferenceServerException
 
         tensors = []
         for name, array in self.inputs.items():
-            datatype = "BYTES" if array.dtype.kind in "OSU" else np_to_triton_dtype(array.dtype)
-            tensor = self._module.InferInput(name, list(array.shape), datatype)
+            tensor = self._module.InferInput(name, list(array.shape), triton_dtype(array))
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         try:

@@ -17,8 +17,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent.parent))
 
 from lab_backends.measure.loadgen import run_closed  # noqa: E402
+from lab_backends.server.config_changes import apply_config  # noqa: E402
 from lab_backends.server.triton_server import TritonServer  # noqa: E402
-from lab_backends.measure.sweep import apply_config  # noqa: E402
 
 MODEL = "cost_model"
 

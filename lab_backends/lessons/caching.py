@@ -1,6 +1,6 @@
-"""The response cache, the rate limiter and latency summaries, shown on a real server (notebook 10).
+"""The response cache and the rate limiter, shown on a real server (notebook 10).
 
-Three server features that change *whether* and *when* a model runs, and what you can see of it:
+Two server features that change *whether* and *when* a model runs, and what you can see of it:
 
 * **response cache** (``--cache-config local,size=N`` plus ``response_cache { enable: true }`` in a
   model's config): Triton hashes a request's inputs; a repeat is answered from memory without
@@ -10,10 +10,11 @@ Three server features that change *whether* and *when* a model runs, and what yo
   ``rate_limiter { resources [...] }`` on an instance group): an instance may execute only while
   it holds its resources; with fewer resources than instances, instances take turns even though
   they are idle, and requests wait in the queue instead;
-* **summary latencies** (``--metrics-config summary_latencies=true``): Prometheus summaries with
-  quantiles (p50...p99.9) of request, queue and compute times, computed by the server itself.
 
-The configs are derived from the one the server uses now (see :mod:`lab_backends.lessons.management`),
+The third feature of notebook 10, summary latencies, is parsing of the metrics page:
+:func:`lab_backends.measure.prometheus.summary_table`.
+
+The configs are derived from the one the server uses now (see :mod:`lab_backends.server.config_changes`),
 because an override on load replaces the whole config.
 """
 
@@ -27,13 +28,11 @@ import numpy as np
 import pandas as pd
 
 from lab_backends.client.infer import infer
-from lab_backends.errors import LoadSettingError, StatisticsError
-from lab_backends.lessons import management
+from lab_backends.errors import LoadSettingError
 from lab_backends.measure import stats as _stats
+from lab_backends.server.config_changes import apply_config
 from lab_backends.server.running import RunningServer
-
-# ---------------------------------------------------------------------------------- statistics
-
+from lab_backends.waiting import settled
 
 # ---------------------------------------------------------------------------------------- cache
 
@@ -44,7 +43,7 @@ def enable_cache(server: RunningServer, model: str) -> Any:
     The server must have been started with a cache (``TritonServer(cache_size=...)``): otherwise
     Triton refuses the load, which is the clearest error there is.
     """
-    return management.load_with(server, model, lambda config: setattr(config.response_cache, "enable", True))
+    return apply_config(server, model, lambda config: setattr(config.response_cache, "enable", True))
 
 
 @dataclass(frozen=True)
@@ -103,14 +102,7 @@ class CacheRun:
 
 def _settled_counts(server: RunningServer, model: str, attempts: int = 50) -> CacheCounts:
     """Counters once they stop moving: Triton updates them as it releases a request, a moment late."""
-    counts = cache_counts(server, model)
-    for _ in range(attempts):
-        time.sleep(0.01)
-        again = cache_counts(server, model)
-        if again == counts:
-            return again
-        counts = again
-    return counts
+    return settled(lambda: cache_counts(server, model), interval_s=0.01, attempts=attempts)
 
 
 def cache_experiment(
@@ -145,7 +137,11 @@ def cache_experiment(
 
 
 def rate_limited(
-    server: RunningServer, model: str, instances: int, resources: Mapping[str, int] | None = None, batching: bool = False
+    server: RunningServer,
+    model: str,
+    instances: int,
+    resources: Mapping[str, int] | None = None,
+    batching: bool = False,
 ) -> Any:
     """Reload ``model`` with ``instances`` instances, each needing ``resources`` to execute.
 
@@ -168,42 +164,9 @@ def rate_limited(
         if not batching:
             config.ClearField("dynamic_batching")
 
-    return management.load_with(server, model, edit)
+    return apply_config(server, model, edit)
 
 
 def server_resources(server: RunningServer) -> dict[str, int]:
     """The rate-limiter resources the server was started with (``rate_limit_resources``)."""
     return dict(getattr(server.options, "rate_limit_resources", None) or {})
-
-
-# ------------------------------------------------------------------------------ summary latencies
-
-
-def summary_quantiles(metrics_text: str, model: str, family: str = "nv_inference_request_summary_us") -> pd.Series:
-    """The server's latency quantiles for ``model`` from one Prometheus page, in milliseconds.
-
-    Needs ``--metrics-config summary_latencies=true`` (``TritonServer(metrics_config=...)``);
-    without it the family is absent and this says so. The index is the quantile (0.5, 0.9, ...).
-    """
-    parsed = _stats.parse_metrics(metrics_text)
-    values = {}
-    for (name, labels), value in parsed.samples.items():
-        label_map = dict(labels)
-        if name == family and label_map.get("model") == model and "quantile" in label_map:
-            values[float(label_map["quantile"])] = value / 1000.0
-    if not values:
-        raise StatisticsError(
-            f"no '{family}' quantiles for model '{model}' on the metrics page: start the server with "
-            "metrics_config={'summary_latencies': 'true'} and send the model some requests first"
-        )
-    return pd.Series(values, name=f"{family} (ms)").sort_index()
-
-
-def summary_table(metrics_text: str, model: str) -> pd.DataFrame:
-    """Quantiles (ms) of request, queue and compute-infer time side by side, one column each."""
-    families = {
-        "request": "nv_inference_request_summary_us",
-        "queue": "nv_inference_queue_summary_us",
-        "compute_infer": "nv_inference_compute_infer_summary_us",
-    }
-    return pd.DataFrame({label: summary_quantiles(metrics_text, model, fam) for label, fam in families.items()})
