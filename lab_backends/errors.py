@@ -97,3 +97,15 @@ class StreamingError(LabBackendsError):
 
 class SequenceError(LabBackendsError):
     """A stateful sequence was driven wrongly (no values, an unknown correlation ID, a bad step)."""
+
+
+class ServerCrashed(ServerExitedError):
+    """A server that was serving exited without being asked to (a signal, an abort).
+
+    Raised on the next call after the crash, quoting the log's last lines; ``server.restart()``
+    brings it back with the same models and ports.
+    """
+
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
+        self.returncode = returncode
+        super().__init__(message, log_tail)

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lab_backends.server import bundle as _bundle
+from lab_backends.server import crash as _crash  # issue-20 hook: crash detection/restart
+from lab_backends.server import limits as _limits  # issue-20 hook: fd limit + parent death
 from lab_backends import rest
 from lab_backends.errors import (
     LabBackendsError,
@@ -188,6 +190,7 @@ class TritonServer:
     @property
     def http_client(self):
         """A ready ``tritonclient.http.InferenceServerClient`` (one thread at a time: it is gevent-based)."""
+        _crash.raise_if_crashed(self)  # issue-20 hook: ServerCrashed on the next call after a crash
         if self._http_client is None:
             import tritonclient.http as httpclient
 
@@ -197,6 +200,7 @@ class TritonServer:
     @property
     def grpc_client(self):
         """A ready ``tritonclient.grpc.InferenceServerClient``."""
+        _crash.raise_if_crashed(self)  # issue-20 hook
         if self._grpc_client is None:
             import tritonclient.grpc as grpcclient
 
@@ -248,6 +252,10 @@ class TritonServer:
         else:
             self._start_local()
         return self
+
+    def restart(self) -> "TritonServer":
+        """Start again after a crash (or any time): same models, same ports (issue-20 hook)."""
+        return _crash.restart(self)
 
     def stop(self) -> None:
         """Stop what we started, by PID, and wait for it: server, stubs, watchdog, shm files."""
@@ -320,12 +328,13 @@ class TritonServer:
                     env=env,
                     cwd=self.run_dir,
                     start_new_session=True,  # its own process group: server + stubs stop together
+                    preexec_fn=_limits.child_setup(),  # issue-20 hook: soft fd limit = hard; dies with us
                 )
             finally:
                 log.close()
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()), str(self.process.pid),
-                 str(self.options.exit_timeout_s + 5)],
+                 str(self.options.exit_timeout_s + 5), str(self.log_path)],  # issue-20: log path -> log cap
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -1,0 +1,109 @@
+"""Requests that kill Triton 2.51 (upstream defects): detected, explained, recovered from.
+
+Each test sends the crasher, then asserts that the server really died (``upstream``: the day an
+upgraded Triton survives it, the assertion fails and the workaround can go), that the next call
+raises ``ServerCrashed`` naming the signal, and that ``restart()`` serves again on the same ports.
+The fuzzing test (test_fuzz.py) excludes these requests by the names in ``CRASHERS``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lab_backends import rest
+from lab_backends.errors import ServerCrashed
+from lab_backends.server import health
+from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll
+from tests.reliability.conftest import REPOSITORIES, known_good
+
+pytestmark = [pytest.mark.server, pytest.mark.upstream]
+
+#: name -> (content type, body) of each request that kills tritonserver itself.
+NESTED = b'{"inputs":' + b"[" * 200_000
+HUGE_SHAPE = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1099511627776], "datatype": "FP32", "data": [1.0]}]}
+).encode()
+CRASHERS = {
+    "nested_json": ("application/json", NESTED),
+    "nested_json_text_plain": ("text/plain", NESTED),
+    "huge_json_shape": ("application/json", HUGE_SHAPE),
+}
+
+
+def binary_overflow_request(shape: list[int]) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor request whose shape's byte size overflows 64 bits, with 4 bytes of data."""
+    header = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}
+    ).encode()
+    return header + np.float32(1).tobytes(), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+
+
+@pytest.fixture(scope="module")
+def crash_server():
+    with TritonServer(REPOSITORIES, models=["rel_double", "echo", "c_scale"]) as server:
+        yield server
+
+
+def _post(server: TritonServer, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes] | None:
+    try:
+        return rest.request(f"http://{server.http_url}/v2/models/{model}/infer", "POST", body, headers, 15)
+    except OSError:
+        return None  # the server died mid-request
+
+
+@pytest.mark.parametrize("name", sorted(CRASHERS))
+def test_crasher_is_detected_explained_and_restarted(crash_server, name):
+    content_type, body = CRASHERS[name]
+    ports = (crash_server.http_port, crash_server.grpc_port, crash_server.metrics_port)
+    old_pid = crash_server.pid
+    answer = _post(crash_server, "rel_double", body, {"Content-Type": content_type})
+    code = poll(crash_server.process.poll, lambda c: c is not None, 10, 0.1)
+    assert code is not None, (
+        f"UPSTREAM FIXED? tritonserver survived {name!r} (answered {answer!r}): drop this crasher from "
+        "docs/reliability.md and the fuzzer's exclusions"
+    )
+    with pytest.raises(ServerCrashed) as caught:
+        crash_server.grpc_client  # the next call of any kind
+    message = str(caught.value)
+    assert caught.value.returncode == code < 0
+    assert ("SIGSEGV" if code == -11 else "SIGABRT") in message and "restart()" in message
+    if name == "huge_json_shape":
+        assert "bad_alloc" in caught.value.log_tail
+    crash_server.restart()
+    assert crash_server.pid != old_pid
+    assert (crash_server.http_port, crash_server.grpc_port, crash_server.metrics_port) == ports
+    known_good(crash_server, "grpc")
+    known_good(crash_server, "http")
+
+
+def test_binary_shape_overflow_kills_a_python_stub(crash_server):
+    """The server survives, the echo stub dies (numpy: "array is too big"); health recovers it."""
+    body, headers = binary_overflow_request([4611686018427387905])
+    answer = _post(crash_server, "echo", body, headers)
+    assert answer is not None and answer[0] >= 500, f"UPSTREAM FIXED? echo answered {answer!r}"
+    assert "not healthy" in answer[1].decode()
+    dead = poll(lambda: health.check_stubs(crash_server), bool, 10, 0.2)
+    assert "echo" in dead, f"the echo stub did not die: {dead}"
+    recovery = health.recover(crash_server, "echo")
+    assert "echo" in recovery.message
+    x = np.arange(5, dtype=np.float32)
+    from lab_backends.client.infer import infer
+
+    np.testing.assert_array_equal(infer(crash_server, "echo", {"INPUT0": x})["OUTPUT0"], x)
+
+
+def test_c_helper_refuses_an_overflowing_shape(crash_server):
+    """Our own C backend (lab_get_input) checks the multiplication: a per-request 400-class error, no crash."""
+    body, headers = binary_overflow_request([1, 4611686018427387905])
+    answer = _post(crash_server, "c_scale", body, headers)
+    assert crash_server.process.poll() is None, "c_scale crashed the server"
+    assert answer is not None and 400 <= answer[0] < 600
+    assert "overflow" in answer[1].decode().lower()
+    known_good(crash_server)
