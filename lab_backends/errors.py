@@ -109,3 +109,7 @@ class ServerCrashed(ServerExitedError):
     def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
         self.returncode = returncode
         super().__init__(message, log_tail)
+
+
+class RequestTooLargeError(LabBackendsError, ValueError):
+    """A request was refused before sending: its shape overflows or its size exceeds the stated bound."""

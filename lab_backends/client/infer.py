@@ -11,6 +11,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
+from lab_backends.client.limits import check_inputs
+
 PROTOCOLS = ("grpc", "http")
 
 
@@ -27,6 +29,7 @@ def _module(protocol: str):
 def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary: bool = True) -> list:
     """``tritonclient`` InferInput objects for named numpy arrays (BYTES for object/str arrays)."""
     module = _module(protocol)
+    check_inputs(inputs)  # issue-20 hook: refuse overflowing/oversized shapes before sending
     made = []
     for name, array in inputs.items():
         array = np.asarray(array)

@@ -24,6 +24,7 @@ import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from lab_backends import rest
+from lab_backends.client.limits import check_inputs
 from lab_backends.errors import ProtocolError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -59,6 +60,7 @@ def request_body(
     With ``binary=False`` every element is written as JSON text; with ``binary=True`` the tensors
     travel as raw bytes after the JSON header and the outputs are asked for in binary too.
     """
+    check_inputs(inputs)  # issue-20 hook: refuse overflowing/oversized shapes before sending
     header: dict[str, Any] = {}
     if request_id:
         header["id"] = request_id
@@ -260,6 +262,7 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
     """A ``ModelInferRequest`` protobuf with every tensor in ``raw_input_contents`` (always binary)."""
     from tritonclient.grpc import service_pb2
 
+    check_inputs(inputs)  # issue-20 hook
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, array in inputs.items():
         array = np.asarray(array)

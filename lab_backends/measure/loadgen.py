@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from lab_backends.client.limits import check_inputs  # issue-20
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure import stats as _stats
 
@@ -330,6 +331,7 @@ def _make_sender(
     server: Any, client: str, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
     timeout_s: float, max_connections: int,
 ):
+    check_inputs(inputs)  # issue-20 hook: refuse overflowing/oversized shapes before any load
     if client == "grpc":
         return _GrpcSender(server.grpc_url, grpc_request_bytes(model, inputs, outputs), timeout_s)
     if client == "http":

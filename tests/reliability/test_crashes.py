@@ -47,6 +47,9 @@ def binary_overflow_request(shape: list[int]) -> tuple[bytes, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def crash_server():
+    from lab_backends.server.cbackend import build_all
+
+    build_all()  # c_scale must carry the overflow check of lab_backend_util.h (rebuilt only if stale)
     with TritonServer(REPOSITORIES, models=["rel_double", "echo", "c_scale"]) as server:
         yield server
 
