@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from lab_backends.server import bundle as _bundle
 from lab_backends.server import crash as _crash  # issue-20 hook: crash detection/restart
 from lab_backends.server import limits as _limits  # issue-20 hook: fd limit + parent death
+from lab_backends.server import loading as _loading  # issue-20 hook: loads that cannot hang
 from lab_backends import rest
 from lab_backends.errors import (
     LabBackendsError,
@@ -500,7 +501,7 @@ class TritonServer:
             config = json.dumps(config)
         log_before = len(self.log_text())
         try:
-            self.http_client.load_model(name, headers=self.admin_headers, config=config, files=files)
+            _loading.load(self, name, config, files)  # issue-20 hook: preflight + deadline (load_timeout_s)
         except InferenceServerException as exc:
             # The API answers e.g. "failed to poll from model repository"; the log says why.
             new_lines = self.log_text()[log_before:].splitlines()
