@@ -31,6 +31,7 @@ from lab_backends.server import bundle as _bundle
 from lab_backends.server import crash as _crash  # issue-20 hook: crash detection/restart
 from lab_backends.server import limits as _limits  # issue-20 hook: fd limit + parent death
 from lab_backends.server import loading as _loading  # issue-20 hook: loads that cannot hang
+from lab_backends.server import runs as _runs  # issue-20 hook: prune build/runs/
 from lab_backends import rest
 from lab_backends.errors import (
     LabBackendsError,
@@ -298,6 +299,7 @@ class TritonServer:
         _bundle.check_model_environment()
         backend_dir = _bundle.prepare_backend_dir(bundle, self.backend_dir)
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        _runs.prune(RUNS_DIR)  # issue-20 hook: build/runs/ stays bounded
         if self._run_dir_arg:
             self.run_dir = self._run_dir_arg
             self.run_dir.mkdir(parents=True, exist_ok=True)
