@@ -73,7 +73,9 @@ def _serve(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, _StopRequested):
             pass
         if not server.is_running():
-            print(f"tritonserver exited on its own; see {server.log_path}", file=sys.stderr)
+            from lab_backends.server.crash import crash_error
+
+            print(f"{crash_error(server, server.process.poll())}\n(`serve --restart` restarts it)", file=sys.stderr)
             return 1
     print("stopped", flush=True)
     return 0
