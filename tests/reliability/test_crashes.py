@@ -20,7 +20,7 @@ from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
 from tests.reliability.conftest import REPOSITORIES, known_good
 
-pytestmark = [pytest.mark.server, pytest.mark.upstream]
+pytestmark = pytest.mark.server
 
 #: name -> (content type, body) of each request that kills tritonserver itself.
 NESTED = b'{"inputs":' + b"[" * 200_000
@@ -61,6 +61,7 @@ def _post(server: TritonServer, model: str, body: bytes, headers: dict[str, str]
         return None  # the server died mid-request
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("name", sorted(CRASHERS))
 def test_crasher_is_detected_explained_and_restarted(crash_server, name):
     content_type, body = CRASHERS[name]
@@ -86,6 +87,7 @@ def test_crasher_is_detected_explained_and_restarted(crash_server, name):
     known_good(crash_server, "http")
 
 
+@pytest.mark.upstream
 def test_binary_shape_overflow_kills_a_python_stub(crash_server):
     """The server survives, the echo stub dies (numpy: "array is too big"); health recovers it."""
     body, headers = binary_overflow_request([4611686018427387905])
