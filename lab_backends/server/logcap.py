@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-MAX_LOG_BYTES = 64 * 1024 * 1024
+MAX_LOG_BYTES = int(os.environ.get("LAB_MAX_LOG_BYTES", 64 * 1024 * 1024))
 KEEP_BYTES = 4 * 1024 * 1024
 
 
-def cap_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES, keep_bytes: int = KEEP_BYTES) -> bool:
-    """Rotate ``path`` if it is larger than ``max_bytes``; returns whether it did."""
+def cap_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES, keep_bytes: int | None = None) -> bool:
+    """Rotate ``path`` if it is larger than ``max_bytes``; returns whether it did.
+
+    ``LAB_MAX_LOG_BYTES`` (read when the watchdog starts) sets the default cap.
+    """
+    keep_bytes = keep_bytes if keep_bytes is not None else min(KEEP_BYTES, max_bytes // 4)
     path = Path(path)
     try:
         size = path.stat().st_size
