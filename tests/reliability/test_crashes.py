@@ -112,3 +112,29 @@ def test_c_helper_refuses_an_overflowing_shape(crash_server):
     assert answer is not None and 400 <= answer[0] < 600
     assert "overflow" in answer[1].decode().lower()
     known_good(crash_server)
+
+
+@pytest.mark.upstream
+def test_supervisor_restarts_then_gives_up_when_crashes_repeat(crash_server):
+    """``serve --restart``'s loop: one crash a minute is restarted, a second one is too many (bound 1)."""
+    import threading
+
+    from lab_backends.server.crash import supervise
+
+    reports: list[str] = []
+    outcome: list[int] = []
+    runner = threading.Thread(target=lambda: outcome.append(
+        supervise(crash_server, max_per_minute=1, report=reports.append, backoff_s=0.1)), daemon=True)
+    runner.start()
+    for round_ in range(2):
+        pid = crash_server.pid
+        _post(crash_server, "rel_double", NESTED, {"Content-Type": "text/plain"})
+        if round_ == 0:
+            assert poll(lambda: crash_server.pid != pid and crash_server.is_ready(), bool, 60, 0.2), reports
+            known_good(crash_server)
+    runner.join(timeout=60)
+    assert outcome == [1], reports
+    assert sum("SIGSEGV" in r for r in reports) == 2 and sum(r.startswith("restarted") for r in reports) == 1
+    assert "not restarting again" in reports[-1]
+    crash_server.restart()  # leave the module's server serving
+    known_good(crash_server)
