@@ -62,3 +62,14 @@ def load(server: Any, name: str, config: str | None, files: dict[str, bytes] | N
         ) from exc
     finally:
         client.close()
+
+
+def release_memory(server: Any, model: str) -> None:
+    """Give back what one large request left held by a Python model: unload, then load it again.
+
+    Measured on 2.51: after one 200 MB ``echo`` the Python backend's shared-memory pool stays at
+    ~383 MiB (in ``/dev/shm``, mapped by server and stub: ~427 MiB RSS each) until the model is
+    unloaded; the pool only grows. An unload + load brings both back to ~46 MiB and 1 MiB of shm.
+    """
+    server.unload_model(model)
+    server.load_model(model)

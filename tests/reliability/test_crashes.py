@@ -9,6 +9,7 @@ The fuzzing test (test_fuzz.py) excludes these requests by the names in ``CRASHE
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +139,24 @@ def test_supervisor_restarts_then_gives_up_when_crashes_repeat(crash_server):
     assert "not restarting again" in reports[-1]
     crash_server.restart()  # leave the module's server serving
     known_good(crash_server)
+
+
+@pytest.mark.upstream
+def test_big_echo_memory_is_held_until_a_reload(crash_server):
+    """Not a crash, a hold (upstream): the Python backend's shm pool only grows; a reload frees it."""
+    from lab_backends.client.infer import infer
+    from lab_backends.server import processes
+    from lab_backends.server.loading import release_memory
+
+    def held_mib() -> float:
+        pids = [crash_server.pid, *processes.children(crash_server.pid)]
+        regions = [Path("/dev/shm") / r for r in processes.shm_regions(pids)]
+        return sum(r.stat().st_size for r in regions if r.exists()) / 2**20
+
+    x = np.ones(10_000_000, dtype=np.float32)  # 40 MB each way
+    before = held_mib()
+    assert infer(crash_server, "echo", {"INPUT0": x}, protocol="http")["OUTPUT0"].shape == x.shape
+    grown = held_mib()
+    assert grown > before + 40, f"UPSTREAM FIXED? the shm pool did not grow: {before:.0f} -> {grown:.0f} MiB"
+    release_memory(crash_server, "echo")
+    assert poll(held_mib, lambda mib: mib < before + 8, 10, 0.2) < before + 8
