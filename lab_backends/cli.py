@@ -35,7 +35,10 @@ def _raise_stop(signum: int, frame: object) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from lab_backends.server.triton_server import TritonServer
 
+    from lab_backends.server import admin
+
     signal.signal(signal.SIGTERM, _raise_stop)
+    admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis)
     server = TritonServer(
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
@@ -44,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         startup_timeout_s=args.startup_timeout,
+        **admin_options,
     )
     with server:
         print(f"Triton is ready (pid {server.pid})", flush=True)
@@ -51,14 +55,28 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"  gRPC      : {server.grpc_url}", flush=True)
         print(f"  metrics   : {server.metrics_url}", flush=True)
         print(f"  log       : {server.log_path}", flush=True)
-        print("  admin APIs are restricted by a per-server key (not printed); Ctrl-C stops", flush=True)
+        if args.open_admin_apis:
+            print(admin.OPEN_WARNING, file=sys.stderr, flush=True)
+        elif args.admin_key_file:
+            admin.write_key_file(args.admin_key_file, server.admin_key)
+            print(f"  admin key : in {args.admin_key_file} (mode 0600); send it as header 'admin-key'", flush=True)
+        else:
+            print("  admin APIs are restricted by a per-server key (not printed; see --admin-key-file)", flush=True)
+        print("  Ctrl-C stops", flush=True)
         try:
+            if args.restart:
+                from lab_backends.server.crash import supervise
+
+                if supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True)):
+                    return 1
             while server.is_running():
                 time.sleep(0.5)
         except (KeyboardInterrupt, _StopRequested):
             pass
         if not server.is_running():
-            print(f"tritonserver exited on its own; see {server.log_path}", file=sys.stderr)
+            from lab_backends.server.crash import crash_error
+
+            print(f"{crash_error(server, server.process.poll())}\n(`serve --restart` restarts it)", file=sys.stderr)
             return 1
     print("stopped", flush=True)
     return 0
@@ -160,17 +178,33 @@ def _plan_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port, checked here so that ``--http-port 70000`` is a one-line error, not a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: choose 1-65535 (or leave it out for a free one)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab-backends", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a real Triton in the foreground")
     serve.add_argument("--model-repository", type=Path)
-    serve.add_argument("--http-port", type=int)
-    serve.add_argument("--grpc-port", type=int)
-    serve.add_argument("--metrics-port", type=int)
+    serve.add_argument("--http-port", type=_port)
+    serve.add_argument("--grpc-port", type=_port)
+    serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--model", action="append", help="load only this model (repeatable)")
     serve.add_argument("--startup-timeout", type=float, default=180.0)
+    serve.add_argument("--restart", action="store_true", help="restart tritonserver when it crashes (bounded)")
+    serve.add_argument("--admin-key-file", type=Path, help="write the admin key here (mode 0600); "
+                       "TRITON_ADMIN_KEY chooses the key")
+    serve.add_argument("--open-admin-apis", action="store_true",
+                       help="no admin key at all (for upstream examples); prints a warning")
     serve.set_defaults(func=_serve)
 
     setup = sub.add_parser("setup", help="prepare backends and build models (idempotent)")

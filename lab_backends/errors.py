@@ -108,3 +108,19 @@ class MeasuredClaimError(LabBackendsError, AssertionError):
 
 class DeployError(LabBackendsError):
     """A deploy/ folder could not be rendered (kustomization or manifest problem)."""
+
+
+class ServerCrashed(ServerExitedError):
+    """A server that was serving exited without being asked to (a signal, an abort).
+
+    Raised on the next call after the crash, quoting the log's last lines; ``server.restart()``
+    brings it back with the same models and ports.
+    """
+
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
+        self.returncode = returncode
+        super().__init__(message, log_tail)
+
+
+class RequestTooLargeError(LabBackendsError, ValueError):
+    """A request was refused before sending: its shape overflows or its size exceeds the stated bound."""

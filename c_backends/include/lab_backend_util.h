@@ -177,13 +177,24 @@ static LAB_UNUSED TRITONSERVER_Error* lab_get_input(
       return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG, "%s: input '%s' has a negative dimension",
                         backend_name, name);
     }
-    info->elements *= (uint64_t)info->shape[d];
+    /* A shape such as [1, 2^62+1] wraps to a small product that matches a 4-byte body; trusting
+     * it later reads far past the buffer (SIGSEGV, the whole server dies). Check every step. */
+    if (__builtin_mul_overflow(info->elements, (uint64_t)info->shape[d], &info->elements)) {
+      return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG,
+                        "%s: input '%s' has a shape whose element count overflows 64 bits; send "
+                        "a shape that matches the data", backend_name, name);
+    }
   }
-  if (info->elements * lab_dtype_size(want) != info->byte_size) {
+  uint64_t needed = 0;
+  if (__builtin_mul_overflow(info->elements, lab_dtype_size(want), &needed)) {
+    return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG,
+                      "%s: input '%s' has a shape whose byte size overflows 64 bits; send a shape "
+                      "that matches the data", backend_name, name);
+  }
+  if (needed != info->byte_size) {
     return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG,
                       "%s: input '%s' holds %llu bytes but its shape needs %llu", backend_name,
-                      name, (unsigned long long)info->byte_size,
-                      (unsigned long long)(info->elements * lab_dtype_size(want)));
+                      name, (unsigned long long)info->byte_size, (unsigned long long)needed);
   }
   return NULL;
 }

@@ -13,6 +13,8 @@ import numpy as np
 from lab_backends.client.wire import triton_dtype
 from lab_backends.server.running import RunningServer
 
+from lab_backends.client.limits import check_inputs
+
 PROTOCOLS = ("grpc", "http")
 
 
@@ -29,6 +31,7 @@ def _module(protocol: str):
 def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary: bool = True) -> list:
     """``tritonclient`` InferInput objects for named numpy arrays (BYTES for object/str arrays)."""
     module = _module(protocol)
+    check_inputs(inputs)  # refuse overflowing/oversized shapes before sending
     made = []
     for name, array in inputs.items():
         array = np.asarray(array)

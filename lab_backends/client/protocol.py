@@ -23,6 +23,7 @@ import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from lab_backends import rest
+from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import tensor_bytes, triton_dtype
 from lab_backends.errors import ProtocolError
 from lab_backends.server.running import RunningServer
@@ -50,6 +51,7 @@ def request_body(
     With ``binary=False`` every element is written as JSON text; with ``binary=True`` the tensors
     travel as raw bytes after the JSON header and the outputs are asked for in binary too.
     """
+    check_inputs(inputs)  # refuse overflowing/oversized shapes before sending
     header: dict[str, Any] = {}
     if request_id:
         header["id"] = request_id
@@ -251,6 +253,7 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
     """A ``ModelInferRequest`` protobuf with every tensor in ``raw_input_contents`` (always binary)."""
     from tritonclient.grpc import service_pb2
 
+    check_inputs(inputs)
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, array in inputs.items():
         array = np.asarray(array)

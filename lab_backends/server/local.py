@@ -21,6 +21,8 @@ from pathlib import Path
 from lab_backends.errors import ServerExitedError
 from lab_backends.paths import PROJECT_ROOT, RUNS_DIR
 from lab_backends.server import bundle as _bundle
+from lab_backends.server import limits as _limits
+from lab_backends.server import runs as _runs
 from lab_backends.server.logs import ServerLog
 from lab_backends.server.options import ServerOptions
 from lab_backends.server.processes import stop_group
@@ -66,6 +68,7 @@ class LocalTarget(Target):
         _bundle.check_model_environment()
         backend_dir = _bundle.prepare_backend_dir(bundle, self.backend_dir)
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        _runs.prune(RUNS_DIR)  # build/runs/ stays bounded
         if self._run_dir_arg:
             self.run_dir = self._run_dir_arg
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,11 +108,12 @@ class LocalTarget(Target):
                 [str(bundle.binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=_bundle.server_environment(bundle), cwd=self.run_dir,
                 start_new_session=True,  # its own process group: server + stubs stop together
+                preexec_fn=_limits.child_setup(),  # soft fd limit = hard; dies with us (PR_SET_PDEATHSIG)
             )
         grace_s = self.options.exit_timeout_s + 5
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()), str(self._process.pid),
-             str(grace_s)],
+             str(grace_s), str(self.log_path)],  # the log path: the watchdog caps the log
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             cwd=str(PROJECT_ROOT), start_new_session=True,
         )

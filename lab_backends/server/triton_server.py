@@ -25,6 +25,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from lab_backends.server import crash as _crash
+from lab_backends.server import loading as _loading
 from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError, RemoteServerError
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY
@@ -168,6 +170,7 @@ class TritonServer:
     @property
     def http_client(self):
         """A ready ``tritonclient.http.InferenceServerClient`` (one thread at a time: it is gevent-based)."""
+        _crash.raise_if_crashed(self)  # a crash is explained on the next call, not as a bare connection error
         if self._http_client is None:
             import tritonclient.http as httpclient
 
@@ -177,6 +180,7 @@ class TritonServer:
     @property
     def grpc_client(self):
         """A ready ``tritonclient.grpc.InferenceServerClient``."""
+        _crash.raise_if_crashed(self)
         if self._grpc_client is None:
             import tritonclient.grpc as grpcclient
 
@@ -217,6 +221,14 @@ class TritonServer:
                 self.stop()
                 raise
         return self
+
+    def restart(self) -> "TritonServer":
+        """Start again after a crash (or any time): same models, same ports, so URLs stay valid."""
+        ports = (self.http_port, self.grpc_port, self.metrics_port)
+        self.stop()
+        if all(ports) and hasattr(self._target, "requested_ports"):
+            self._target.requested_ports = ports
+        return self.start()
 
     def stop(self) -> None:
         """Stop what we started, by PID or container, and wait for it; a remote server is left running."""
@@ -279,7 +291,7 @@ class TritonServer:
             config = json.dumps(config)
         log_before = len(self.log.text())
         try:
-            self.http_client.load_model(name, headers=self.admin_headers, config=config, files=files)
+            _loading.load(self, name, config, files)  # preflight + a deadline (load_timeout_s): no load hangs
         except InferenceServerException as exc:
             # The API answers e.g. "failed to poll from model repository"; the log says why.
             reason = self.log.reason(name, since=log_before)

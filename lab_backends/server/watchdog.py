@@ -5,7 +5,8 @@ separate process in its own session that polls two things: its parent (the owner
 When the owner disappears it stops the server's process group and removes the server's
 ``/dev/shm`` regions; when the server is gone it simply exits.
 
-Run as ``python -m lab_backends.server.watchdog OWNER_PID SERVER_PID GRACE_S``.
+Run as ``python -m lab_backends.server.watchdog OWNER_PID SERVER_PID GRACE_S [LOG_PATH]``; with a log
+path it also caps the server log (:mod:`lab_backends.server.logcap`), so a log storm cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import sys
 import time
 
+from lab_backends.server.logcap import cap_log
 from lab_backends.server.processes import alive, children, group_members, remove_shm, shm_regions, stop_group
 
 POLL_S = 0.2
@@ -22,20 +24,20 @@ POLL_S = 0.2
 SHM_EVERY = 10
 
 
-def watch(owner: int, server: int, grace_s: float) -> int:
+def watch(owner: int, server: int, grace_s: float, log: str | None = None) -> int:
     # The owner stops us (SIGTERM) after it has stopped the server: then every region we saw
     # belongs to a dead server, including those of stubs killed earlier that Triton never unlinks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the owner, not us
     seen: set[str] = set()
     try:
-        return _loop(owner, server, grace_s, seen)
+        return _loop(owner, server, grace_s, seen, log)
     finally:
         if not alive(server) and not group_members(server):
             remove_shm(seen)
 
 
-def _loop(owner: int, server: int, grace_s: float, seen: set[str]) -> int:
+def _loop(owner: int, server: int, grace_s: float, seen: set[str], log: str | None = None) -> int:
     tick = 0
     while True:
         if not alive(server):
@@ -47,6 +49,8 @@ def _loop(owner: int, server: int, grace_s: float, seen: set[str]) -> int:
             return 0
         if tick % SHM_EVERY == 0:
             seen |= shm_regions([server, *children(server)])
+            if log:
+                cap_log(log)
         tick += 1
         if os.getppid() != owner or not alive(owner):
             stop_group(server, grace_s)
@@ -56,8 +60,9 @@ def _loop(owner: int, server: int, grace_s: float, seen: set[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    owner, server, grace = (argv or sys.argv[1:])[:3]
-    return watch(int(owner), int(server), float(grace))
+    args = (argv or sys.argv[1:])
+    owner, server, grace = args[:3]
+    return watch(int(owner), int(server), float(grace), args[3] if len(args) > 3 else None)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure.loadgen.http_client import HttpSender
@@ -78,11 +79,11 @@ class _TritonclientGrpcSender:
         await self.client.close()
 
 
-
 def make_sender(
     server: RunningServer, client: str, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
     timeout_s: float, max_connections: int,
 ):
+    check_inputs(inputs)  # refuse overflowing/oversized shapes before any load
     if client == "grpc":
         return _GrpcSender(server.grpc_url, grpc_request_bytes(model, inputs, outputs), timeout_s)
     if client == "http":

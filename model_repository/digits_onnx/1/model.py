@@ -36,12 +36,19 @@ class TritonPythonModel:
 
     def execute(self, requests):
         inputs = [pb_utils.get_input_tensor_by_name(r, "PIXELS").as_numpy() for r in requests]
-        batch = np.concatenate(inputs) if len(inputs) > 1 else inputs[0]
-        logits = self.session.run(["LOGITS"], {"PIXELS": batch})[0]
-        self.runs.increment(1)
-        self.rows.increment(batch.shape[0])
-        parts = np.split(logits, np.cumsum([x.shape[0] for x in inputs])[:-1])
+        # A request with NaN/inf pixels gets its own error; its batch-mates are still computed.
+        ok = [bool(np.isfinite(x).all()) for x in inputs]
+        good = [x for x, fine in zip(inputs, ok) if fine]
+        parts = iter(())
+        if good:
+            batch = np.concatenate(good) if len(good) > 1 else good[0]
+            logits = self.session.run(["LOGITS"], {"PIXELS": batch})[0]
+            self.runs.increment(1)
+            self.rows.increment(batch.shape[0])
+            parts = iter(np.split(logits, np.cumsum([x.shape[0] for x in good])[:-1]))
         return [
-            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", np.ascontiguousarray(p))])
-            for p in parts
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", np.ascontiguousarray(next(parts)))])
+            if fine else pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "PIXELS contains NaN or infinity: send finite values (digits_preprocess gives -1..1)"))
+            for fine in ok
         ]

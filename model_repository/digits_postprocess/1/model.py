@@ -31,17 +31,28 @@ class TritonPythonModel:
 
     def execute(self, requests):
         inputs = [pb_utils.get_input_tensor_by_name(r, "LOGITS").as_numpy() for r in requests]
-        logits = np.concatenate(inputs).astype(np.float64)
-        exp = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs = exp / exp.sum(axis=1, keepdims=True)
-        order = np.argsort(-probs, axis=1, kind="stable")[:, : self.k]
-        labels = DIGITS[order]
-        top = np.take_along_axis(probs, order, axis=1).astype(np.float32)
-        bounds = np.cumsum([x.shape[0] for x in inputs])[:-1]
-        return [
-            pb_utils.InferenceResponse(output_tensors=[
+        # NaN/inf logits have no ranking: that request gets an error, its batch-mates their answer.
+        ok = [bool(np.isfinite(x).all()) for x in inputs]
+        good = [x for x, fine in zip(inputs, ok) if fine]
+        parts = iter(())
+        if good:
+            logits = np.concatenate(good).astype(np.float64)
+            exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs = exp / exp.sum(axis=1, keepdims=True)
+            order = np.argsort(-probs, axis=1, kind="stable")[:, : self.k]
+            labels = DIGITS[order]
+            top = np.take_along_axis(probs, order, axis=1).astype(np.float32)
+            bounds = np.cumsum([x.shape[0] for x in good])[:-1]
+            parts = zip(np.split(labels, bounds), np.split(top, bounds))
+        responses = []
+        for fine in ok:
+            if not fine:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("LOGITS contains NaN or infinity: send finite scores")))
+                continue
+            lab, pr = next(parts)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("LABELS", np.ascontiguousarray(lab)),
                 pb_utils.Tensor("PROBS", np.ascontiguousarray(pr)),
-            ])
-            for lab, pr in zip(np.split(labels, bounds), np.split(top, bounds))
-        ]
+            ]))
+        return responses

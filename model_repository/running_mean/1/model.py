@@ -26,6 +26,11 @@ class TritonPythonModel:
                 self.state[corrid] = (0.0, 0)
             total, count = self.state.get(corrid, (0.0, 0))
             values = pb_utils.get_input_tensor_by_name(request, "VALUE").as_numpy().reshape(-1)
+            if values.size == 0 or not np.isfinite(values).all():
+                # One NaN would poison this sequence's mean for good: refuse it, keep the state.
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"VALUE must be finite numbers, got {values.tolist()}; the running mean is unchanged")))
+                continue
             total, count = total + float(values.sum()), count + int(values.size)
             if _scalar(request, "END"):
                 self.state.pop(corrid, None)

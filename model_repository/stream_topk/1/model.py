@@ -36,11 +36,15 @@ class TritonPythonModel:
         k = int(k_tensor.as_numpy().reshape(-1)[0]) if k_tensor is not None else self.default_k
         if not 1 <= k <= logits.size:
             raise ValueError(f"K must be between 1 and {logits.size}, got {k}")
+        if not np.isfinite(logits).all():
+            raise ValueError("LOGITS contains NaN or infinity: send finite scores")
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         for step, digit in enumerate(np.argsort(-probs, kind="stable")[:k]):
             if step:
                 time.sleep(self.delay_s)
+            if sender.is_cancelled():  # the client went away: stop computing for nobody
+                break
             sender.send(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("LABEL", np.array([str(digit).encode()], dtype=object)),
                 pb_utils.Tensor("PROB", np.array([probs[digit]], dtype=np.float32)),
