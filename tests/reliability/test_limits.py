@@ -142,7 +142,7 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from lab_backends.server.triton_server import TritonServer
 s = TritonServer(models=["echo"]).start()
-print(s.pid, s._watchdog.pid, flush=True)
+print(s.pid, s._target._watchdog.pid, flush=True)  # the local target owns the watchdog
 time.sleep(600)
 """
 
