@@ -1,0 +1,88 @@
+"""The experiments of ``03b_inside_the_scheduler``: one function per question, each on a real server.
+
+Each one reloads ``scheduler_probe`` with a config derived from the shipped one (an override
+replaces the whole config, so :func:`~lab_backends.measure.sweep.apply_config` derives it), warms
+the new instances with a couple of requests (a fresh stub's first ``execute`` is slow and would
+blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
+and returns what it saw as pandas frames, so the notebook only shows and checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from lab_backends.measure import trace as tracing
+from lab_backends.measure.batches import batches, compute_spans, timeline_facts
+from lab_backends.measure.probe_load import probe_load
+from lab_backends.measure.sweep import apply_config
+
+MODEL = "scheduler_probe"
+
+
+def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0) -> Any:
+    """Reload ``model`` with ``override`` on ``base``, then send ``warm`` single requests per instance."""
+    config = apply_config(server, model, dict(override), base)
+    count = sum(g.count or 1 for g in config.instance_group) or 1
+    if warm:
+        probe_load(server, model, warm * count, concurrency=count, prefix="warm")
+    return config
+
+
+def batch_timeline(server: Any, base: Any, instances: int, n: int = 150, concurrency: int = 12,
+                   model: str = MODEL) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Run ``n`` requests on ``instances`` instances; the batches (from the trace), the answers, the facts.
+
+    The server must write a trace (``trace_file=...``, ``trace_log_frequency=1`` to read it while
+    it runs); only this run's requests are kept, by their ``request_id`` prefix.
+    """
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": instances}]}, base, model, warm=2)
+    answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"timeline{instances}")
+    ok = answers.loc[answers["ok"], "request_id"]
+    log = tracing.load(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
+    table = batches(compute_spans(log, model), answers)
+    return table, answers, timeline_facts(table, answers)
+
+
+def outcome(answers: pd.DataFrame) -> pd.DataFrame:
+    """Served vs refused, with Triton's message (request ids cut out, so equal messages group)."""
+    errors = answers["error"].str.replace(r"\[request id: [^\]]*\]\s*", "", regex=True)
+    frame = answers.assign(outcome=errors.where(~answers["ok"], "served"))
+    return frame.groupby("outcome").agg(requests=("request_id", "size"), first_done_ms=("done_s", "min"),
+                                        last_done_ms=("done_s", "max")).assign(
+        first_done_ms=lambda f: (f["first_done_ms"] * 1000).round(1),
+        last_done_ms=lambda f: (f["last_done_ms"] * 1000).round(1))
+
+
+def queue_full_burst(server: Any, base: Any, max_queue_size: int = 4, burst: int = 40,
+                     model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance whose queue holds at most ``max_queue_size`` requests."""
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}],
+                    "dynamic_batching": {"default_queue_policy": {"max_queue_size": max_queue_size}}},
+           base, model, warm=2)
+    return probe_load(server, model, burst, concurrency=burst, prefix="full")
+
+
+def timeout_burst(server: Any, base: Any, timeout_ms: float = 100.0, burst: int = 24, fixed_ms: float = 20.0,
+                  model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance, two requests per batch, ``fixed_ms`` per batch, a queue timeout of ``timeout_ms``.
+
+    The whole burst needs about ``burst / 2 * fixed_ms``: longer than the timeout, so the tail of
+    the queue expires while the head is served.
+    """
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
+                    "parameters": {"fixed_ms": {"string_value": str(fixed_ms)}},
+                    "dynamic_batching": {"default_queue_policy": {
+                        "default_timeout_microseconds": int(timeout_ms * 1000), "allow_timeout_override": True}}},
+           base, model, warm=2)
+    return probe_load(server, model, burst, concurrency=burst, prefix="timeout")
+
+
+def priority_burst(server: Any, base: Any, burst: int = 24, model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance (two per batch), every other request at priority 1 (high), the rest at 2."""
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
+                    "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2}},
+           base, model, warm=2)
+    priorities = [1 if i % 2 else 2 for i in range(burst)]
+    return probe_load(server, model, burst, concurrency=burst, prefix="priority", priorities=priorities)
