@@ -24,6 +24,14 @@ from lab_backends.measure.loadgen import LoadResult, run_closed
 from lab_backends.measure.sweep import apply_config
 
 
+#: The first status line: Triton's advice on the order to tune the batcher in.
+HINT = (
+    "Set the batcher, then press <b>Run</b>. Tune in Triton's recommended order: dynamic batching on with "
+    "delay 0 and no preferred sizes first; then more instances or a small delay, measuring each step. "
+    "Preferred sizes are for specific cases (a backend that runs a few batch sizes best)."
+)
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """``"4, 8 16"`` -> ``[4, 8, 16]``; a clear :class:`LoadSettingError` for anything else.
 
@@ -80,14 +88,14 @@ class BatchingPanel:
         )
         self.preferred = w.Text(
             value=", ".join(map(str, batching.preferred_batch_size)) if batching else "",
-            placeholder="e.g. 4, 8, 16 (empty: none)", description="preferred batch sizes", style=style, layout=layout,
+            placeholder="empty (default); only for sizes a backend runs best, e.g. 4, 8", description="preferred batch sizes", style=style, layout=layout,
         )
         count = self.base.instance_group[0].count if self.base.instance_group else 1
         self.instances = w.IntSlider(value=max(count, 1), min=1, max=4, description="instances", style=style, layout=layout)
         self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
                                        style=style, layout=layout)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
-        self.status = w.HTML(value="Set the batcher, then press <b>Run</b>.")
+        self.status = w.HTML(value=HINT)
         self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
         self.run_button.on_click(lambda _button: self.run())
         self.widget = w.VBox([
