@@ -117,12 +117,17 @@ def test_outcome_groups_by_message_without_request_ids() -> None:
     assert table.loc["[StatusCode.UNAVAILABLE] Exceeds maximum queue size", "requests"] == 2
 
 
+def test_executions_count_each_batch_once() -> None:
+    answers = pd.DataFrame({"ok": [True] * 7 + [False], "batch": [4, 4, 4, 4, 1, 2, 2, None]})
+    assert scheduler.executions(answers) == {1: 1, 2: 1, 4: 1}
+
+
 # ------------------------------------------------------------------ a live server
 @pytest.fixture(scope="module")
 def live():
     from lab_backends.server.triton_server import TritonServer
 
-    server = TritonServer(models=[MODEL], trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
+    server = TritonServer(models=[MODEL, scheduler.RAGGED_MODEL], trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
                           trace_log_frequency=1)
     server.start()
     try:
@@ -154,6 +159,19 @@ def test_live_queue_policy(live) -> None:
     assert prio["ok"].all()
     medians = prio.groupby("priority")["latency_ms"].median()
     assert medians[1] < medians[2]
+
+
+@pytest.mark.server
+def test_live_ragged_batching_mixes_lengths_only_when_allowed(live) -> None:
+    server, _ = live
+    base = server.model_config(scheduler.RAGGED_MODEL)
+    plain = scheduler.ragged_burst(server, base, ragged=False, burst=18)
+    ragged = scheduler.ragged_burst(server, base, ragged=True, burst=18)
+    for answers in (plain, ragged):
+        assert answers["ok"].all() and answers["intact"].all()
+        assert sum(size * n for size, n in scheduler.executions(answers).items()) == 18
+    assert plain["lengths"].max() == 1
+    assert ragged["lengths"].max() > 1 and ragged["batch"].mean() > plain["batch"].mean()
 
 
 @pytest.mark.server

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 
 from lab_backends.measure import trace as tracing
@@ -86,3 +87,40 @@ def priority_burst(server: Any, base: Any, burst: int = 24, model: str = MODEL) 
            base, model, warm=2)
     priorities = [1 if i % 2 else 2 for i in range(burst)]
     return probe_load(server, model, burst, concurrency=burst, prefix="priority", priorities=priorities)
+
+
+RAGGED_MODEL = "ragged_probe"
+
+
+def ragged_burst(server: Any, base: Any, ragged: bool, burst: int = 24, lengths: tuple[int, ...] = (3, 5, 7),
+                 model: str = RAGGED_MODEL) -> pd.DataFrame:
+    """A burst of ``burst`` requests cycling through ``lengths``, with or without ``allow_ragged_batch``.
+
+    Request *i* sends ``[[i, i, ...]]`` (its length's worth), so each answer's ``total`` must be
+    ``i * length``: a column ``intact`` says whether it was.
+    """
+    inputs = [dict(i) for i in _config_inputs(base)]
+    for tensor in inputs:
+        tensor["allowRaggedBatch"] = ragged
+    reload(server, {"input": inputs}, base, model, warm=2)
+
+    def request(i: int) -> dict[str, np.ndarray]:
+        return {"INPUT0": np.full((1, lengths[i % len(lengths)]), i, dtype=np.float32)}
+
+    answers = probe_load(server, model, burst, concurrency=burst, prefix=f"ragged-{ragged}", inputs=request)
+    expected = [i * lengths[i % len(lengths)] for i in range(len(answers))]
+    return answers.assign(length=[lengths[i % len(lengths)] for i in range(len(answers))],
+                          intact=answers["total"].to_numpy() == np.array(expected, dtype=float))
+
+
+def _config_inputs(config: Any) -> list[dict]:
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(config)["input"]
+
+
+def executions(answers: pd.DataFrame) -> dict[int, int]:
+    """Batch size -> number of ``execute()`` calls, from the sizes the requests reported (a batch of
+    n was reported by its n requests)."""
+    counts = answers.loc[answers["ok"]].groupby("batch").size()
+    return {int(size): int(n // size) for size, n in counts.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,14 +20,17 @@ import pandas as pd
 from lab_backends.errors import LoadSettingError
 
 #: The columns of :func:`probe_load`'s frame.
-COLUMNS = ["request_id", "priority", "ok", "error", "instance", "pid", "batch", "sent_s", "done_s", "latency_ms"]
+COLUMNS = ["request_id", "priority", "ok", "error", "instance", "pid", "batch", "lengths", "total", "sent_s", "done_s",
+           "latency_ms"]
+_EMPTY = {"instance": None, "pid": None, "batch": None, "lengths": None, "total": None}
 
 
 def _answer(result: Any) -> dict[str, Any]:
     """The probe's outputs as plain values; models without them give ``None``s (only ``ok`` counts)."""
-    found: dict[str, Any] = {"instance": None, "pid": None, "batch": None}
+    found: dict[str, Any] = dict(_EMPTY)
     for name, key, cast in (("INSTANCE", "instance", lambda v: v.decode() if isinstance(v, bytes) else str(v)),
-                            ("PID", "pid", int), ("BATCH", "batch", int)):
+                            ("PID", "pid", int), ("BATCH", "batch", int), ("LENGTHS", "lengths", int),
+                            ("TOTAL", "total", float)):
         array = result.as_numpy(name)
         if array is not None and array.size:
             found[key] = cast(array.reshape(-1)[0])
@@ -40,7 +43,7 @@ def probe_load(
     n: int,
     *,
     concurrency: int = 8,
-    inputs: Mapping[str, np.ndarray] | None = None,
+    inputs: Mapping[str, np.ndarray] | Callable[[int], Mapping[str, np.ndarray]] | None = None,
     prefix: str = "probe",
     priorities: Sequence[int] | None = None,
     timeout_us: int | None = None,
@@ -48,7 +51,8 @@ def probe_load(
 ) -> pd.DataFrame:
     """Send ``n`` requests (``request_id`` = ``<prefix>-<i>``), at most ``concurrency`` in flight.
 
-    ``priorities[i]`` (if given) is request *i*'s priority (1 is the highest; 0 means the model's
+    ``inputs`` is one set of tensors for every request, or a function of the request's index
+    (requests of different shapes, for ragged batching). ``priorities[i]`` (if given) is request *i*'s priority (1 is the highest; 0 means the model's
     default); ``timeout_us`` is the per-request timeout Triton applies in its queue (the model must
     allow the override). Refused and expired requests are rows with ``ok=False`` and Triton's own
     ``error`` text: they are results here, not failures. Times are seconds from the first send.
@@ -63,7 +67,7 @@ def probe_load(
         raise LoadSettingError(f"priorities holds {len(priorities)} values for {n} requests: give one per request")
     if inputs is None:
         inputs = {"INPUT0": np.ones((1, 4), np.float32)}
-    tensors = make_inputs(inputs)
+    shared = None if callable(inputs) else make_inputs(inputs)
     client = server.grpc_client
     slots = threading.Semaphore(concurrency)
     finished = threading.Semaphore(0)
@@ -75,7 +79,7 @@ def probe_load(
             now = time.monotonic() - origin
             row = {"ok": error is None, "error": "" if error is None else str(error), "done_s": now,
                    "latency_ms": (now - sent) * 1000.0}
-            row.update(_answer(result) if error is None else {"instance": None, "pid": None, "batch": None})
+            row.update(_answer(result) if error is None else _EMPTY)
             rows[i].update(row)
             slots.release()
             finished.release()
@@ -89,6 +93,7 @@ def probe_load(
         sent = time.monotonic() - origin
         priority = int(priorities[i]) if priorities is not None else 0
         rows[i] = {"request_id": f"{prefix}-{i}", "priority": priority, "sent_s": sent}
+        tensors = shared if shared is not None else make_inputs(inputs(i))
         client.async_infer(model, tensors, callback(i, sent), request_id=f"{prefix}-{i}",
                            priority=priority, timeout=timeout_us)
         sent_count += 1
