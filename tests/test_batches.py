@@ -117,6 +117,18 @@ def test_outcome_groups_by_message_without_request_ids() -> None:
     assert table.loc["[StatusCode.UNAVAILABLE] Exceeds maximum queue size", "requests"] == 2
 
 
+def test_lanes_place_batches_without_instance_names() -> None:
+    from lab_backends.measure.batches import lanes
+
+    log, answers = recorded(2)
+    spans = compute_spans(log, MODEL)
+    table = lanes(spans)
+    named = batches(spans, answers)
+    assert len(table) == len(named) and table["size"].sum() == 120
+    assert table["instance"].nunique() <= 2
+    assert sum(overlapping_pairs(g) for _, g in table.groupby("instance")) == 0
+
+
 def test_executions_count_each_batch_once() -> None:
     answers = pd.DataFrame({"ok": [True] * 7 + [False], "batch": [4, 4, 4, 4, 1, 2, 2, None]})
     assert scheduler.executions(answers) == {1: 1, 2: 1, 4: 1}
@@ -172,6 +184,28 @@ def test_live_ragged_batching_mixes_lengths_only_when_allowed(live) -> None:
         assert sum(size * n for size, n in scheduler.executions(answers).items()) == 18
     assert plain["lengths"].max() == 1
     assert ragged["lengths"].max() > 1 and ragged["batch"].mean() > plain["batch"].mean()
+
+
+@pytest.mark.server
+def test_live_panel_draws_the_batch_timeline(live) -> None:
+    from lab_backends.lessons.widgets import BatchingPanel
+
+    server, shipped = live
+    scheduler.reload(server, {}, shipped)
+    panel = BatchingPanel(server, MODEL, requests=60, duration_s=1.5, concurrency=8)
+    panel.view.value = "batch timeline"
+    panel.instances.value = 2
+    row = panel.run()
+    assert row is not None and row["errors"] == 0, panel.error
+    table = panel.last_batches
+    assert table is not None, panel.error
+    assert 1 <= table["instance"].nunique() <= 2
+    assert table["size"].sum() == len(panel.last.requests) + len(panel.last.warmup)
+    assert sum(overlapping_pairs(g) for _, g in table.groupby("instance")) == 0
+    assert bytes(panel.image.value).startswith(b"\x89PNG")
+    drawn = bytes(panel.image.value)
+    panel.view.value = "over time"  # toggling redraws the last run without running again
+    assert bytes(panel.image.value) != drawn and len(panel.runs) == 1
 
 
 @pytest.mark.server

@@ -18,7 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
 from lab_backends.measure import plots
+from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
 from lab_backends.measure.loadgen import LoadResult, run_closed
 from lab_backends.measure.sweep import apply_config
@@ -95,12 +97,18 @@ class BatchingPanel:
         self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
                                        style=style, layout=layout)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        # The fourth plot: requests over time, or (on a traced server) which lane ran which batch.
+        self.view = w.ToggleButtons(options=["over time", "batch timeline"], value="over time",
+                                    description="last run", style={"button_width": "110px"})
+        self.timeline = TimelineWindow(server, model)
+        self.last_batches: pd.DataFrame | None = None
         self.status = w.HTML(value=HINT)
         self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
         self.run_button.on_click(lambda _button: self.run())
+        self.view.observe(lambda _change: self.redraw() if self.last is not None else None, names="value")
         self.widget = w.VBox([
             w.HBox([w.VBox([self.dynamic, self.max_queue_delay, self.preferred]),
-                    w.VBox([self.instances, self.concurrency, self.run_button])]),
+                    w.VBox([self.instances, self.concurrency, w.HBox([self.run_button, self.view])])]),
             self.status,
             self.image,
         ])
@@ -154,6 +162,7 @@ class BatchingPanel:
             self._set_status(f"reloading {self.model} ({self.label()})...")
             apply_config(self.server, self.model, override, self.base)
             self._set_status(f"running {self.concurrency.value} in flight...")
+            self.timeline.open()
             result = run_closed(
                 self.server, self.model, int(self.concurrency.value), protocol=self.protocol,
                 requests=self.requests, duration_s=self.duration_s,
@@ -167,6 +176,7 @@ class BatchingPanel:
         finally:
             self.run_button.disabled = False
         self.last = result
+        self.last_batches = self._batches(result)
         row = {"run": len(self.runs) + 1, "config": self.label(), **result.row()}
         self.runs.append(row)
         summary = result.summary
@@ -180,6 +190,16 @@ class BatchingPanel:
         self._set_status(message, error=bool(summary["errors"]))
         self.redraw()
         return row
+
+    def _batches(self, result: LoadResult) -> pd.DataFrame | None:
+        """The last run's batches (see :mod:`~lab_backends.lessons.panel_timeline`), or ``None`` untraced."""
+        if not self.timeline.available:
+            return None
+        try:
+            return self.timeline.batches(len(result.requests) + len(result.warmup))
+        except LabBackendsError as exc:
+            self.error = str(exc)
+            return None
 
     def redraw(self) -> None:
         """Draw every run so far and the last run's details into the panel's image."""
@@ -204,7 +224,12 @@ class BatchingPanel:
             plots.server_breakdown(frame.tail(6), axes[0, 1])
         if self.last is not None:
             plots.batch_histogram(self.last.server, axes[1, 0], label="last run")
-            plots.over_time(self.last, axes[1, 1])
+            if self.view.value == "batch timeline" and self.last_batches is not None:
+                batch_timeline(self.last_batches, axes[1, 1], title="Last run: batches on lanes (label = batch size)")
+            else:
+                plots.over_time(self.last, axes[1, 1])
+                if self.view.value == "batch timeline":
+                    axes[1, 1].set_title(NEEDS_TRACE.split(":")[0], fontsize="small")
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)

@@ -107,3 +107,26 @@ def timeline_facts(table: pd.DataFrame, answers: pd.DataFrame) -> dict[str, Any]
         "overlaps_across_instances": overlapping_pairs(table) - within,
         "avg_batch": float(table["size"].mean()) if len(table) else 0.0,
     }
+
+
+def lanes(spans: pd.DataFrame) -> pd.DataFrame:
+    """Batches from compute stamps alone, for a model that does not name its instances.
+
+    Each batch goes to the first lane free at its start (lanes ordered by when they freed up).
+    Batches on one instance never overlap, so this needs no more lanes than busy instances at the
+    busiest moment; a lane is *an* instance's worth of work, not a particular one: the rows are
+    named ``lane 1``, ``lane 2``, ... and ``pid`` is -1.
+    """
+    groups = spans.groupby(["start_ns", "end_ns"], sort=True)["request_id"].apply(sorted).reset_index()
+    free_at: list[int] = []
+    rows = []
+    for start, end, ids in groups.itertuples(index=False):
+        lane = next((i for i, t in enumerate(free_at) if t <= start), None)
+        if lane is None:
+            lane = len(free_at)
+            free_at.append(end)
+        free_at[lane] = end
+        rows.append({"instance": f"lane {lane + 1}", "pid": -1, "start_ns": int(start), "end_ns": int(end),
+                     "compute_ms": (end - start) / 1e6, "size": len(ids), "model_batch": len(ids),
+                     "request_ids": ids})
+    return pd.DataFrame(rows, columns=BATCH_COLUMNS)
