@@ -4,7 +4,8 @@
 sizes, the instance count and the client's concurrency. **Run** reloads the live model with those
 settings (derived from its current config: an override replaces the whole config), runs a short
 closed-loop load bounded by count and time, and redraws one figure in place: every run so far on
-the latency-throughput plane, plus the last run's batch sizes, server stages and timeline.
+the latency-throughput plane, plus the last run's batch sizes, server stages and timeline (requests
+over time, or, on a server started with a trace file, which batch ran when: the view toggle).
 
 A bad setting or a config Triton refuses ends as a short red message in the panel, not a traceback;
 the full text stays in :attr:`BatchingPanel.error`.
@@ -172,11 +173,15 @@ class BatchingPanel:
             refused = isinstance(exc, (InferenceServerException, ModelLoadError))
             prefix = "Triton refused this setting: " if refused else ""
             self._set_status(f"{prefix}{_short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
+            self.timeline.close()
             return None
         finally:
             self.run_button.disabled = False
         self.last = result
-        self.last_batches = self._batches(result)
+        try:
+            self.last_batches = self._batches(result)
+        finally:
+            self.timeline.close()
         row = {"run": len(self.runs) + 1, "config": self.label(), **result.row()}
         self.runs.append(row)
         summary = result.summary
