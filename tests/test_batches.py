@@ -156,6 +156,11 @@ def test_live_timeline_with_two_instances(live) -> None:
     assert facts["requests_in_one_batch"] and facts["sizes_agree"] and facts["instances"] == 2
     assert facts["overlaps_within_instance"] == 0 and facts["overlaps_across_instances"] > 0
     assert facts["avg_batch"] > 1
+    stubs = scheduler.stub_processes(server, answers)
+    mine = stubs[stubs["model"] == MODEL]
+    assert (mine["program"] == "triton_python_backend_stub").all()
+    assert len(mine) == 2 and set(mine["instance (reported)"]) == set(table["instance"])
+    assert (stubs["model"] == scheduler.RAGGED_MODEL).sum() == 1  # the other model's stub, unreported
 
 
 @pytest.mark.server

@@ -124,3 +124,27 @@ def executions(answers: pd.DataFrame) -> dict[int, int]:
     n was reported by its n requests)."""
     counts = answers.loc[answers["ok"]].groupby("batch").size()
     return {int(size): int(n // size) for size, n in counts.items()}
+
+
+def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
+    """The server's child processes (its Python stubs), with the instance that reported each PID.
+
+    A stub's command line names the ``model.py`` it runs (not the instance): the instance name
+    comes from the answers of :func:`probe_load` (``scheduler_probe`` returns its PID), so the two
+    views can be checked against each other. Read from ``/proc``: a local server only.
+    """
+    from pathlib import Path
+
+    from lab_backends.server import processes
+
+    reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
+    rows = []
+    for pid in sorted(processes.children(server.pid)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited since it was listed
+        script = Path(argv[1].decode()) if len(argv) > 1 else Path("")
+        rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
+                     "instance (reported)": reported.get(pid)})
+    return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (reported)"])
