@@ -139,7 +139,7 @@ def test_executions_count_each_batch_once() -> None:
 def live():
     from lab_backends.server.triton_server import TritonServer
 
-    server = TritonServer(models=[MODEL, scheduler.RAGGED_MODEL], trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
+    server = TritonServer(models=[MODEL, scheduler.RAGGED_MODEL, scheduler.GIL_MODEL], trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
                           trace_log_frequency=1)
     server.start()
     try:
@@ -211,6 +211,15 @@ def test_live_panel_draws_the_batch_timeline(live) -> None:
     drawn = bytes(panel.image.value)
     panel.view.value = "over time"  # toggling redraws the last run without running again
     assert bytes(panel.image.value) != drawn and len(panel.runs) == 1
+
+
+@pytest.mark.server
+def test_live_gil_threads_share_one_core_instances_are_processes(live) -> None:
+    server, _ = live
+    table = scheduler.gil_compare(server, server.model_config(scheduler.GIL_MODEL), n=16, concurrency=8)
+    assert (table["errors"] == 0).all()
+    assert table.loc["1 instance, 2 threads", "cores_per_execute"] < 1.1
+    assert list(table["stub_processes"]) == [1, 1, 2]
 
 
 @pytest.mark.server

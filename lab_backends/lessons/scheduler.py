@@ -148,3 +148,33 @@ def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
         rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
                      "instance (reported)": reported.get(pid)})
     return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (reported)"])
+
+
+GIL_MODEL = "gil_spin"
+#: The three ways to give gil_spin "two of something": none, two threads in execute(), two instances.
+GIL_CONFIGS = {
+    "1 instance, 1 thread": {},
+    "1 instance, 2 threads": {"parameters": {"threads": {"string_value": "2"}}},
+    "2 instances, 1 thread": {"instance_group": [{"kind": "KIND_CPU", "count": 2}]},
+}
+
+
+def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model: str = GIL_MODEL) -> pd.DataFrame:
+    """The same closed-loop load on each of :data:`GIL_CONFIGS`, side by side: one row per config.
+
+    ``cores_per_execute`` is the mean of what each ``execute()`` reported (its process's CPU time
+    over its wall time): the GIL caps it at one per process, whatever the thread count.
+    """
+    import time
+
+    rows = []
+    for name, override in GIL_CONFIGS.items():
+        reload(server, override, base, model, warm=2)
+        started = time.monotonic()
+        answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"gil-{len(rows)}",
+                             inputs={"INPUT0": np.ones((1, 1), np.float32)})
+        window = time.monotonic() - started
+        rows.append({"config": name, "throughput_rps": answers["ok"].sum() / window,
+                     "cores_per_execute": answers["cores"].mean(), "max_cores_per_execute": answers["cores"].max(),
+                     "stub_processes": answers["pid"].nunique(), "errors": int((~answers["ok"]).sum())})
+    return pd.DataFrame(rows).set_index("config")

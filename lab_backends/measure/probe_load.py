@@ -20,9 +20,9 @@ import pandas as pd
 from lab_backends.errors import LoadSettingError
 
 #: The columns of :func:`probe_load`'s frame.
-COLUMNS = ["request_id", "priority", "ok", "error", "instance", "pid", "batch", "lengths", "total", "sent_s", "done_s",
-           "latency_ms"]
-_EMPTY = {"instance": None, "pid": None, "batch": None, "lengths": None, "total": None}
+COLUMNS = ["request_id", "priority", "ok", "error", "instance", "pid", "batch", "lengths", "total", "cores", "sent_s",
+           "done_s", "latency_ms"]
+_EMPTY = {"instance": None, "pid": None, "batch": None, "lengths": None, "total": None, "cores": None}
 
 
 def _answer(result: Any) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def _answer(result: Any) -> dict[str, Any]:
     found: dict[str, Any] = dict(_EMPTY)
     for name, key, cast in (("INSTANCE", "instance", lambda v: v.decode() if isinstance(v, bytes) else str(v)),
                             ("PID", "pid", int), ("BATCH", "batch", int), ("LENGTHS", "lengths", int),
-                            ("TOTAL", "total", float)):
+                            ("TOTAL", "total", float), ("CORES", "cores", float)):
         array = result.as_numpy(name)
         if array is not None and array.size:
             found[key] = cast(array.reshape(-1)[0])
