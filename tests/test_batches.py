@@ -198,6 +198,9 @@ def test_live_panel_draws_the_batch_timeline(live) -> None:
     server, shipped = live
     scheduler.reload(server, {}, shipped)
     panel = BatchingPanel(server, MODEL, requests=60, duration_s=1.5, concurrency=8)
+    # config.pbtxt says `dynamic_batching { }`; Triton fills in [max_batch_size], the panel shows "none"
+    assert list(shipped.dynamic_batching.preferred_batch_size) == [shipped.max_batch_size]
+    assert panel.preferred.value == ""
     panel.view.value = "batch timeline"
     panel.instances.value = 2
     row = panel.run()

@@ -89,8 +89,11 @@ class BatchingPanel:
             value=batching.max_queue_delay_microseconds if batching else 0, min=0, max=50_000, step=500,
             description="max_queue_delay (µs)", style=style, layout=layout,
         )
+        sizes = list(batching.preferred_batch_size) if batching else []
+        if sizes == [self.base.max_batch_size]:
+            sizes = []  # what Triton fills in when a config gives none: show the learner's "none"
         self.preferred = w.Text(
-            value=", ".join(map(str, batching.preferred_batch_size)) if batching else "",
+            value=", ".join(map(str, sizes)),
             placeholder="empty (default); only for sizes a backend runs best, e.g. 4, 8", description="preferred batch sizes", style=style, layout=layout,
         )
         count = self.base.instance_group[0].count if self.base.instance_group else 1
