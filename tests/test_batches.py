@@ -236,31 +236,3 @@ def test_live_batch_dimension_error_names_the_expected_shape(live) -> None:
     with pytest.raises(InferenceServerException, match=r"Expected \[-1,4\], got \[4\]"):
         infer(server, MODEL, {"INPUT0": np.ones(4, np.float32)})
     assert infer(server, MODEL, {"INPUT0": np.ones((1, 4), np.float32)})["OUTPUT0"].shape == (1, 4)
-
-
-@pytest.mark.server
-@pytest.mark.upstream
-def test_upstream_policy_queue_idles_between_batches(live) -> None:
-    """Triton 2.51: with any queue policy (here max_queue_size), a burst on one instance waits ~0.5 s
-    between batches although requests are queued; without a policy the next batch starts at once.
-
-    The notebook's queue-policy latencies carry this idle time. When this test fails, an upgrade
-    fixed it: remove the note in 03b's queue-policy section and this test.
-    """
-    server, shipped = live
-
-    def largest_gap_ms(dynamic: dict, prefix: str) -> float:
-        scheduler.reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
-                                  "dynamic_batching": dynamic}, shipped, warm=2)
-        answers = probe_load(server, MODEL, 8, concurrency=8, prefix=prefix)
-        log = tracing.load(server.trace_file, request_ids=answers["request_id"], timeout_s=20).select(answers["request_id"])
-        table = batches(compute_spans(log, MODEL), answers)
-        return float(((table["start_ns"].shift(-1) - table["end_ns"]) / 1e6).max())
-
-    plain = largest_gap_ms({}, "plain")
-    policy = largest_gap_ms({"default_queue_policy": {"max_queue_size": 100}}, "policy")
-    assert plain < 100, f"without a policy the batcher idled {plain:.0f} ms between batches: machine too busy?"
-    assert policy > 300, (
-        f"with a queue policy the largest idle gap between batches was {policy:.0f} ms (was ~490 ms on "
-        "Triton 2.51): the upstream stall seems fixed; update 03b's note and remove this test"
-    )

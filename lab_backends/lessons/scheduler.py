@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from lab_backends.errors import LoadSettingError
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, timeline_facts
 from lab_backends.measure.probe_load import probe_load
@@ -22,12 +23,18 @@ from lab_backends.measure.sweep import apply_config
 MODEL = "scheduler_probe"
 
 
-def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0) -> Any:
-    """Reload ``model`` with ``override`` on ``base``, then send ``warm`` single requests per instance."""
+def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0,
+           inputs: Mapping[str, np.ndarray] | None = None) -> Any:
+    """Reload ``model`` with ``override`` on ``base``, then send ``warm`` requests per instance.
+
+    The warm-up must be served: a refused one would mean the experiment measures a broken model.
+    """
     config = apply_config(server, model, dict(override), base)
     count = sum(g.count or 1 for g in config.instance_group) or 1
     if warm:
-        probe_load(server, model, warm * count, concurrency=count, prefix="warm")
+        answers = probe_load(server, model, warm * count, concurrency=count, prefix="warm", inputs=inputs)
+        if not answers["ok"].all():
+            raise LoadSettingError(f"{model!r} refused its warm-up after the reload: {answers['error'].iloc[0]}")
     return config
 
 
@@ -169,10 +176,10 @@ def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model
 
     rows = []
     for name, override in GIL_CONFIGS.items():
-        reload(server, override, base, model, warm=2)
+        one = {"INPUT0": np.ones((1, 1), np.float32)}
+        reload(server, override, base, model, warm=2, inputs=one)
         started = time.monotonic()
-        answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"gil-{len(rows)}",
-                             inputs={"INPUT0": np.ones((1, 1), np.float32)})
+        answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"gil-{len(rows)}", inputs=one)
         window = time.monotonic() - started
         rows.append({"config": name, "throughput_rps": answers["ok"].sum() / window,
                      "cores_per_execute": answers["cores"].mean(), "max_cores_per_execute": answers["cores"].max(),
