@@ -4,7 +4,8 @@
 sizes, the instance count and the client's concurrency. **Run** reloads the live model with those
 settings (derived from its current config: an override replaces the whole config), runs a short
 closed-loop load bounded by count and time, and redraws one figure in place: every run so far on
-the latency-throughput plane, plus the last run's batch sizes, server stages and timeline.
+the latency-throughput plane, plus the last run's batch sizes, server stages and timeline (requests
+over time, or, on a server started with a trace file, which batch ran when: the view toggle).
 
 A bad setting or a config Triton refuses ends as a short red message in the panel, not a traceback;
 the full text stays in :attr:`BatchingPanel.error`.
@@ -18,11 +19,21 @@ from typing import Any
 
 import pandas as pd
 
+from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
+from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, run_closed
 from lab_backends.server.config_changes import apply_config
 from lab_backends.server.running import RunningServer
+
+
+#: The first status line: Triton's advice on the order to tune the batcher in.
+HINT = (
+    "Set the batcher, then press <b>Run</b>. Tune in Triton's recommended order: dynamic batching on with "
+    "delay 0 and no preferred sizes first; then more instances or a small delay, measuring each step. "
+    "Preferred sizes are for specific cases (a backend that runs a few batch sizes best)."
+)
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -79,9 +90,12 @@ class BatchingPanel:
             value=batching.max_queue_delay_microseconds if batching else 0, min=0, max=50_000, step=500,
             description="max_queue_delay (µs)", style=style, layout=layout,
         )
+        sizes = list(batching.preferred_batch_size) if batching else []
+        if sizes == [self.base.max_batch_size]:
+            sizes = []  # what Triton fills in when a config gives none: show the learner's "none"
         self.preferred = w.Text(
-            value=", ".join(map(str, batching.preferred_batch_size)) if batching else "",
-            placeholder="e.g. 4, 8, 16 (empty: none)", description="preferred batch sizes", style=style, layout=layout,
+            value=", ".join(map(str, sizes)),
+            placeholder="empty (default); only for sizes a backend runs best, e.g. 4, 8", description="preferred batch sizes", style=style, layout=layout,
         )
         count = self.base.instance_group[0].count if self.base.instance_group else 1
         self.instances = w.IntSlider(
@@ -90,12 +104,18 @@ class BatchingPanel:
         self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
                                        style=style, layout=layout)
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
-        self.status = w.HTML(value="Set the batcher, then press <b>Run</b>.")
+        # The fourth plot: requests over time, or (on a traced server) which lane ran which batch.
+        self.view = w.ToggleButtons(options=["over time", "batch timeline"], value="over time",
+                                    description="last run", style={"button_width": "110px"})
+        self.timeline = TimelineWindow(server, model)
+        self.last_batches: pd.DataFrame | None = None
+        self.status = w.HTML(value=HINT)
         self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
         self.run_button.on_click(lambda _button: self.run())
+        self.view.observe(lambda _change: self.redraw() if self.last is not None else None, names="value")
         self.widget = w.VBox([
             w.HBox([w.VBox([self.dynamic, self.max_queue_delay, self.preferred]),
-                    w.VBox([self.instances, self.concurrency, self.run_button])]),
+                    w.VBox([self.instances, self.concurrency, w.HBox([self.run_button, self.view])])]),
             self.status,
             self.image,
         ])
@@ -149,6 +169,7 @@ class BatchingPanel:
             self._set_status(f"reloading {self.model} ({self.label()})...")
             apply_config(self.server, self.model, override, self.base)
             self._set_status(f"running {self.concurrency.value} in flight...")
+            self.timeline.open()
             result = run_closed(
                 self.server, self.model, int(self.concurrency.value), protocol=self.protocol,
                 requests=self.requests, duration_s=self.duration_s,
@@ -158,10 +179,15 @@ class BatchingPanel:
             refused = isinstance(exc, (InferenceServerException, ModelLoadError))
             prefix = "Triton refused this setting: " if refused else ""
             self._set_status(f"{prefix}{_short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
+            self.timeline.close()
             return None
         finally:
             self.run_button.disabled = False
         self.last = result
+        try:
+            self.last_batches = self._batches(result)
+        finally:
+            self.timeline.close()
         row = {"run": len(self.runs) + 1, "config": self.label(), **result.row()}
         self.runs.append(row)
         summary = result.summary
@@ -175,6 +201,16 @@ class BatchingPanel:
         self._set_status(message, error=bool(summary["errors"]))
         self.redraw()
         return row
+
+    def _batches(self, result: LoadResult) -> pd.DataFrame | None:
+        """The last run's batches (see :mod:`~lab_backends.lessons.panel_timeline`), or ``None`` untraced."""
+        if not self.timeline.available:
+            return None
+        try:
+            return self.timeline.batches(len(result.requests) + len(result.warmup))
+        except LabBackendsError as exc:
+            self.error = str(exc)
+            return None
 
     def redraw(self) -> None:
         """Draw every run so far and the last run's details into the panel's image."""
@@ -199,7 +235,12 @@ class BatchingPanel:
             plots.server_breakdown(frame.tail(6), axes[0, 1])
         if self.last is not None:
             plots.batch_histogram(self.last.server, axes[1, 0], label="last run")
-            plots.over_time(self.last, axes[1, 1])
+            if self.view.value == "batch timeline" and self.last_batches is not None:
+                batch_timeline(self.last_batches, axes[1, 1], title="Last run: batches on lanes (label = batch size)")
+            else:
+                plots.over_time(self.last, axes[1, 1])
+                if self.view.value == "batch timeline":
+                    axes[1, 1].set_title(NEEDS_TRACE.split(":")[0], fontsize="small")
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)

@@ -1,4 +1,5 @@
-"""JupyterLab as the learner uses it: a real browser runs notebook 03, moves a slider, presses Run.
+"""JupyterLab as the learner uses it: a real browser runs notebook 03, moves a slider, presses Run, and
+switches the panel to its batch timeline view.
 
 nbval runs the notebooks' code, but not what the learner sees: the widgets, the plots, the panel
 redrawing after a click. Here JupyterLab is started the way ``make lab`` starts it
@@ -258,6 +259,14 @@ def test_batching_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> N
                 assert after_png != before_png, "the panel's image did not change after Run"
                 assert page.locator(".widget-html span[style*='#b00020']").count() == 0, \
                     f"the panel reported an error: {status.inner_text()}"
+                _no_errors(page)
+
+                # The view toggle: the last plot becomes the batch timeline of the same run.
+                before_src = image.get_attribute("src")
+                page.locator(".widget-toggle-button", has_text="batch timeline").last.click()
+                _wait("the batch timeline to be drawn", lambda: image.get_attribute("src") != before_src, 20)
+                image.screenshot(path=str(ARTIFACTS / "02b-panel-batch-timeline.png"))
+                assert image.screenshot() != after_png, "the panel's image did not change with the batch timeline view"
                 _no_errors(page)
 
                 # Last, the cell that stops the notebook's server.

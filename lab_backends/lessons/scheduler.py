@@ -1,0 +1,187 @@
+"""The experiments of ``03b_inside_the_scheduler``: one function per question, each on a real server.
+
+Each one reloads ``scheduler_probe`` with a config derived from the shipped one (an override
+replaces the whole config, so :func:`~lab_backends.measure.sweep.apply_config` derives it), warms
+the new instances with a couple of requests (a fresh stub's first ``execute`` is slow and would
+blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
+and returns what it saw as pandas frames, so the notebook only shows and checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from lab_backends.errors import LoadSettingError
+from lab_backends.measure import trace as tracing
+from lab_backends.measure.batches import batches, compute_spans, timeline_facts
+from lab_backends.measure.probe_load import probe_load
+from lab_backends.measure.sweep import apply_config
+
+MODEL = "scheduler_probe"
+
+
+def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0,
+           inputs: Mapping[str, np.ndarray] | None = None) -> Any:
+    """Reload ``model`` with ``override`` on ``base``, then send ``warm`` requests per instance.
+
+    The warm-up must be served: a refused one would mean the experiment measures a broken model.
+    """
+    config = apply_config(server, model, dict(override), base)
+    count = sum(g.count or 1 for g in config.instance_group) or 1
+    if warm:
+        answers = probe_load(server, model, warm * count, concurrency=count, prefix="warm", inputs=inputs)
+        if not answers["ok"].all():
+            raise LoadSettingError(f"{model!r} refused its warm-up after the reload: {answers['error'].iloc[0]}")
+    return config
+
+
+def batch_timeline(server: Any, base: Any, instances: int, n: int = 150, concurrency: int = 12,
+                   model: str = MODEL) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Run ``n`` requests on ``instances`` instances; the batches (from the trace), the answers, the facts.
+
+    The server must write a trace (``trace_file=...``, ``trace_log_frequency=1`` to read it while
+    it runs); only this run's requests are kept, by their ``request_id`` prefix.
+    """
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": instances}]}, base, model, warm=2)
+    answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"timeline{instances}")
+    ok = answers.loc[answers["ok"], "request_id"]
+    log = tracing.load(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
+    table = batches(compute_spans(log, model), answers)
+    return table, answers, timeline_facts(table, answers)
+
+
+def outcome(answers: pd.DataFrame) -> pd.DataFrame:
+    """Served vs refused, with Triton's message (request ids cut out, so equal messages group)."""
+    errors = answers["error"].str.replace(r"\[request id: [^\]]*\]\s*", "", regex=True)
+    frame = answers.assign(outcome=errors.where(~answers["ok"], "served"))
+    return frame.groupby("outcome").agg(requests=("request_id", "size"), first_done_ms=("done_s", "min"),
+                                        last_done_ms=("done_s", "max")).assign(
+        first_done_ms=lambda f: (f["first_done_ms"] * 1000).round(1),
+        last_done_ms=lambda f: (f["last_done_ms"] * 1000).round(1))
+
+
+def queue_full_burst(server: Any, base: Any, max_queue_size: int = 4, burst: int = 40,
+                     model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance whose queue holds at most ``max_queue_size`` requests."""
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}],
+                    "dynamic_batching": {"default_queue_policy": {"max_queue_size": max_queue_size}}},
+           base, model, warm=2)
+    return probe_load(server, model, burst, concurrency=burst, prefix="full")
+
+
+def timeout_burst(server: Any, base: Any, timeout_ms: float = 100.0, burst: int = 24, fixed_ms: float = 20.0,
+                  model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance, two requests per batch, ``fixed_ms`` per batch, a queue timeout of ``timeout_ms``.
+
+    The whole burst needs about ``burst / 2 * fixed_ms``: longer than the timeout, so the tail of
+    the queue expires while the head is served.
+    """
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
+                    "parameters": {"fixed_ms": {"string_value": str(fixed_ms)}},
+                    "dynamic_batching": {"default_queue_policy": {
+                        "default_timeout_microseconds": int(timeout_ms * 1000), "allow_timeout_override": True}}},
+           base, model, warm=2)
+    return probe_load(server, model, burst, concurrency=burst, prefix="timeout")
+
+
+def priority_burst(server: Any, base: Any, burst: int = 24, model: str = MODEL) -> pd.DataFrame:
+    """A burst at one instance (two per batch), every other request at priority 1 (high), the rest at 2."""
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
+                    "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2}},
+           base, model, warm=2)
+    priorities = [1 if i % 2 else 2 for i in range(burst)]
+    return probe_load(server, model, burst, concurrency=burst, prefix="priority", priorities=priorities)
+
+
+RAGGED_MODEL = "ragged_probe"
+
+
+def ragged_burst(server: Any, base: Any, ragged: bool, burst: int = 24, lengths: tuple[int, ...] = (3, 5, 7),
+                 model: str = RAGGED_MODEL) -> pd.DataFrame:
+    """A burst of ``burst`` requests cycling through ``lengths``, with or without ``allow_ragged_batch``.
+
+    Request *i* sends ``[[i, i, ...]]`` (its length's worth), so each answer's ``total`` must be
+    ``i * length``: a column ``intact`` says whether it was.
+    """
+    inputs = [dict(i) for i in _config_inputs(base)]
+    for tensor in inputs:
+        tensor["allowRaggedBatch"] = ragged
+    reload(server, {"input": inputs}, base, model, warm=2)
+
+    def request(i: int) -> dict[str, np.ndarray]:
+        return {"INPUT0": np.full((1, lengths[i % len(lengths)]), i, dtype=np.float32)}
+
+    answers = probe_load(server, model, burst, concurrency=burst, prefix=f"ragged-{ragged}", inputs=request)
+    expected = [i * lengths[i % len(lengths)] for i in range(len(answers))]
+    return answers.assign(length=[lengths[i % len(lengths)] for i in range(len(answers))],
+                          intact=answers["total"].to_numpy() == np.array(expected, dtype=float))
+
+
+def _config_inputs(config: Any) -> list[dict]:
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(config)["input"]
+
+
+def executions(answers: pd.DataFrame) -> dict[int, int]:
+    """Batch size -> number of ``execute()`` calls, from the sizes the requests reported (a batch of
+    n was reported by its n requests)."""
+    counts = answers.loc[answers["ok"]].groupby("batch").size()
+    return {int(size): int(n // size) for size, n in counts.items()}
+
+
+def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
+    """The server's child processes (its Python stubs), with the instance that reported each PID.
+
+    A stub's command line names the ``model.py`` it runs (not the instance): the instance name
+    comes from the answers of :func:`probe_load` (``scheduler_probe`` returns its PID), so the two
+    views can be checked against each other. Read from ``/proc``: a local server only.
+    """
+    from pathlib import Path
+
+    from lab_backends.server import processes
+
+    reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
+    rows = []
+    for pid in sorted(processes.children(server.pid)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited since it was listed
+        script = Path(argv[1].decode()) if len(argv) > 1 else Path("")
+        rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
+                     "instance (reported)": reported.get(pid)})
+    return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (reported)"])
+
+
+GIL_MODEL = "gil_spin"
+#: The three ways to give gil_spin "two of something": none, two threads in execute(), two instances.
+GIL_CONFIGS = {
+    "1 instance, 1 thread": {},
+    "1 instance, 2 threads": {"parameters": {"threads": {"string_value": "2"}}},
+    "2 instances, 1 thread": {"instance_group": [{"kind": "KIND_CPU", "count": 2}]},
+}
+
+
+def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model: str = GIL_MODEL) -> pd.DataFrame:
+    """The same closed-loop load on each of :data:`GIL_CONFIGS`, side by side: one row per config.
+
+    ``cores_per_execute`` is the mean of what each ``execute()`` reported (its process's CPU time
+    over its wall time): the GIL caps it at one per process, whatever the thread count.
+    """
+    import time
+
+    rows = []
+    for name, override in GIL_CONFIGS.items():
+        one = {"INPUT0": np.ones((1, 1), np.float32)}
+        reload(server, override, base, model, warm=2, inputs=one)
+        started = time.monotonic()
+        answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"gil-{len(rows)}", inputs=one)
+        window = time.monotonic() - started
+        rows.append({"config": name, "throughput_rps": answers["ok"].sum() / window,
+                     "cores_per_execute": answers["cores"].mean(), "max_cores_per_execute": answers["cores"].max(),
+                     "stub_processes": answers["pid"].nunique(), "errors": int((~answers["ok"]).sum())})
+    return pd.DataFrame(rows).set_index("config")
