@@ -33,9 +33,8 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lab_backends.server.triton_server import TritonServer
-
     from lab_backends.server import admin
+    from lab_backends.server.triton_server import TritonServer
 
     signal.signal(signal.SIGTERM, _raise_stop)
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis)
@@ -147,8 +146,12 @@ def _lab(args: argparse.Namespace) -> int:
     token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
     port = args.port or free_ports(1)[0]
     cmd = [
-        sys.executable, "-m", "jupyterlab",
-        "--ip=127.0.0.1", f"--port={port}", "--no-browser",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--no-browser",
         f"--ServerApp.root_dir={PROJECT_ROOT / 'notebooks'}",
     ]
     if os.geteuid() == 0:
@@ -173,8 +176,19 @@ def _plan_class(args: argparse.Namespace) -> int:
     """Simulate a class on the shared Triton from the measured footprint (docs/scale.md)."""
     from lab_backends.measure.class_plan import plan, report
 
-    print(report(plan(args.learners, args.gpu_replicas, p99_bound_ms=args.p99_ms, stagger_s=args.stagger_s,
-                      think_s=args.think_s, speedup=args.speedup, instances=args.instances)))
+    print(
+        report(
+            plan(
+                args.learners,
+                args.gpu_replicas,
+                p99_bound_ms=args.p99_ms,
+                stagger_s=args.stagger_s,
+                think_s=args.think_s,
+                speedup=args.speedup,
+                instances=args.instances,
+            )
+        )
+    )
     return 0
 
 
@@ -201,10 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", action="append", help="load only this model (repeatable)")
     serve.add_argument("--startup-timeout", type=float, default=180.0)
     serve.add_argument("--restart", action="store_true", help="restart tritonserver when it crashes (bounded)")
-    serve.add_argument("--admin-key-file", type=Path, help="write the admin key here (mode 0600); "
-                       "TRITON_ADMIN_KEY chooses the key")
-    serve.add_argument("--open-admin-apis", action="store_true",
-                       help="no admin key at all (for upstream examples); prints a warning")
+    serve.add_argument(
+        "--admin-key-file", type=Path, help="write the admin key here (mode 0600); TRITON_ADMIN_KEY chooses the key"
+    )
+    serve.add_argument(
+        "--open-admin-apis", action="store_true", help="no admin key at all (for upstream examples); prints a warning"
+    )
     serve.set_defaults(func=_serve)
 
     setup = sub.add_parser("setup", help="prepare backends and build models (idempotent)")
@@ -230,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan_class = sub.add_parser("plan-class", help="plan replicas and learner resources for a class")
     plan_class.add_argument("--learners", type=int, required=True)
-    plan_class.add_argument("--gpu-replicas", type=int, help="simulate this many (default: the fewest that meet --p99-ms)")
+    plan_class.add_argument(
+        "--gpu-replicas", type=int, help="simulate this many (default: the fewest that meet --p99-ms)"
+    )
     plan_class.add_argument("--p99-ms", type=float, default=250.0, help="latency bound for the p99 (default 250)")
     plan_class.add_argument("--stagger-s", type=float, default=600.0, help="learners start within this window")
     plan_class.add_argument("--think-s", type=float, default=120.0, help="pause between notebooks")

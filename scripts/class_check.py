@@ -53,18 +53,32 @@ def main() -> int:
     actual = class_plan.simulate(sorted((sent, 0, model) for model, _, sent in latencies), costs, replicas=1)
     pct = lambda q: round(ms[min(len(ms) - 1, int(q * len(ms)))], 2)  # noqa: E731
     result = {
-        "learners": args.learners, "notebooks": sorted(subset), "models": list(MODELS),
+        "learners": args.learners,
+        "notebooks": sorted(subset),
+        "models": list(MODELS),
         "requests_sent": len(stream) and sum(c for *_, c in stream) * args.learners,
-        "answers": len(ms), "errors": len(errors), "error_sample": errors[:3],
-        "measured_one_learner_p99_ms": round(sorted(lat * 1000 for _, lat, _ in one)[int(0.99 * len(one))], 2) if one else None,
-        "measured_p50_ms": pct(0.5), "measured_p99_ms": pct(0.99), "measured_max_ms": round(ms[-1], 2) if ms else None,
-        "predicted_p50_ms": predicted.p50_ms, "predicted_p99_ms": predicted.p99_ms, "predicted_max_ms": predicted.max_ms,
+        "answers": len(ms),
+        "errors": len(errors),
+        "error_sample": errors[:3],
+        "measured_one_learner_p99_ms": round(sorted(lat * 1000 for _, lat, _ in one)[int(0.99 * len(one))], 2)
+        if one
+        else None,
+        "measured_p50_ms": pct(0.5),
+        "measured_p99_ms": pct(0.99),
+        "measured_max_ms": round(ms[-1], 2) if ms else None,
+        "predicted_p50_ms": predicted.p50_ms,
+        "predicted_p99_ms": predicted.p99_ms,
+        "predicted_max_ms": predicted.max_ms,
         "predicted_one_learner_p99_ms": alone.p99_ms,
-        "predicted_from_actual_sends_p50_ms": actual.p50_ms, "predicted_from_actual_sends_p99_ms": actual.p99_ms,
+        "predicted_from_actual_sends_p50_ms": actual.p50_ms,
+        "predicted_from_actual_sends_p99_ms": actual.p99_ms,
         "send_span_s": round(max(s for *_, s in latencies) - min(s for *_, s in latencies), 2),
         "recorded_span_s": round(max(t for t, *_ in stream) - min(t for t, *_ in stream), 2),
-        "costs_ms": {m: [round(c.fixed_s * 1000, 3), round(c.per_item_s * 1000, 3), c.max_batch]
-                     for m, c in costs.items() if m in MODELS},
+        "costs_ms": {
+            m: [round(c.fixed_s * 1000, 3), round(c.per_item_s * 1000, 3), c.max_batch]
+            for m, c in costs.items()
+            if m in MODELS
+        },
     }
     out = ROOT / "bench" / "scale" / "check.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

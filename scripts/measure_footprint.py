@@ -28,10 +28,22 @@ LIMIT_S = 900
 
 def run_one(notebook: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_FAST": os.environ.get("LAB_FAST", "1")}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-sanitize-with",
-           "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=300", str(notebook)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--nbval-lax",
+        "--nbval-sanitize-with",
+        "tests/nbval_sanitize.cfg",
+        "--nbval-cell-timeout=300",
+        str(notebook),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     sampler = Sampler(proc.pid)
     try:
         while proc.poll() is None:
@@ -47,21 +59,29 @@ def run_one(notebook: Path) -> dict:
     result = sampler.result().as_dict()
     result["passed"] = proc.returncode == 0
     lines = output.strip().splitlines()
-    result["tail"] = lines[-1:] if proc.returncode == 0 else [ln for ln in lines if ln.startswith(("FAILED", "E  "))][:12] + lines[-1:]
+    result["tail"] = (
+        lines[-1:]
+        if proc.returncode == 0
+        else [ln for ln in lines if ln.startswith(("FAILED", "E  "))][:12] + lines[-1:]
+    )
     return result
 
 
 def markdown(results: dict) -> str:
     """The table docs/scale.md quotes."""
-    head = ("| notebook | wall s | server+stubs peak MB | kernel peak MB | server CPU s | kernel CPU s | "
-            "requests | peak concurrency | requests per model | cells passed |")
+    head = (
+        "| notebook | wall s | server+stubs peak MB | kernel peak MB | server CPU s | kernel CPU s | "
+        "requests | peak concurrency | requests per model | cells passed |"
+    )
     rows = [head, "|" + "---|" * 10]
     for name, r in sorted(results.items()):
         per_model = ", ".join(f"{m} {n}" for m, n in sorted(r["requests"].items(), key=lambda kv: -kv[1]))
-        rows.append(f"| {name} | {r['wall_s']} | {r['peak_server_rss_mb']} | {r['peak_kernel_rss_mb']} | "
-                    f"{r['server_cpu_s']} | {r['kernel_cpu_s']} | {sum(r['requests'].values())} | "
-                    f"{max(r['peak_concurrency'].values(), default=0.0)} | {per_model or '-'} | "
-                    f"{'all' if r['passed'] else r['tail'][-1]} |")
+        rows.append(
+            f"| {name} | {r['wall_s']} | {r['peak_server_rss_mb']} | {r['peak_kernel_rss_mb']} | "
+            f"{r['server_cpu_s']} | {r['kernel_cpu_s']} | {sum(r['requests'].values())} | "
+            f"{max(r['peak_concurrency'].values(), default=0.0)} | {per_model or '-'} | "
+            f"{'all' if r['passed'] else r['tail'][-1]} |"
+        )
     return "\n".join(rows)
 
 
@@ -77,16 +97,24 @@ def main(paths: list[str]) -> int:
         print(f"{nb.name} ...", flush=True)
         results[nb.stem] = run_one(nb)
         r = results[nb.stem]
-        print(f"  {r['wall_s']} s, server peak {r['peak_server_rss_mb']} MB, server cpu {r['server_cpu_s']} s, "
-              f"requests {sum(r['requests'].values())}, passed={r['passed']}", flush=True)
+        print(
+            f"  {r['wall_s']} s, server peak {r['peak_server_rss_mb']} MB, server cpu {r['server_cpu_s']} s, "
+            f"requests {sum(r['requests'].values())}, passed={r['passed']}",
+            flush=True,
+        )
         target.write_text(json.dumps(results, indent=1) + "\n")
     import pandas as pd
 
-    rows = [{"notebook": k, **{c: v for c, v in r.items() if c not in ("stream", "tail", "requests", "peak_concurrency")},
-             "requests": sum(r["requests"].values()),
-             "peak_concurrency": max(r["peak_concurrency"].values(), default=0.0),
-             "per_model": "; ".join(f"{m}={n}" for m, n in sorted(r["requests"].items()))}
-            for k, r in sorted(results.items())]
+    rows = [
+        {
+            "notebook": k,
+            **{c: v for c, v in r.items() if c not in ("stream", "tail", "requests", "peak_concurrency")},
+            "requests": sum(r["requests"].values()),
+            "peak_concurrency": max(r["peak_concurrency"].values(), default=0.0),
+            "per_model": "; ".join(f"{m}={n}" for m, n in sorted(r["requests"].items())),
+        }
+        for k, r in sorted(results.items())
+    ]
     pd.DataFrame(rows).to_csv(OUT / "footprint.csv", index=False)
     return 0
 

@@ -34,7 +34,7 @@ def main() -> None:
             scheduler.reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": count}]}, shipped)
             answers = probe_load(server, scheduler.MODEL, 120, concurrency=12, prefix=f"i{count}")
             ids = set(answers["request_id"])
-            tracing.load(trace, request_ids=ids, timeout_s=30)
+            tracing.read_trace(trace, request_ids=ids, timeout_s=30)
             records = tracing.read_records(trace)
             keep = {r["id"] for r in records if r.get("request_id") in ids}
             (OUT / f"trace_{count}_instances.json").write_text(json.dumps([r for r in records if r["id"] in keep]))

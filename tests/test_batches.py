@@ -107,11 +107,18 @@ def test_probe_load_refuses_bad_settings_before_sending() -> None:
 
 
 def test_outcome_groups_by_message_without_request_ids() -> None:
-    answers = pd.DataFrame({
-        "request_id": ["a", "b", "c"], "ok": [True, False, False], "done_s": [0.1, 0.01, 0.02],
-        "error": ["", "[StatusCode.UNAVAILABLE] [request id: b] Exceeds maximum queue size",
-                  "[StatusCode.UNAVAILABLE] [request id: c] Exceeds maximum queue size"],
-    })
+    answers = pd.DataFrame(
+        {
+            "request_id": ["a", "b", "c"],
+            "ok": [True, False, False],
+            "done_s": [0.1, 0.01, 0.02],
+            "error": [
+                "",
+                "[StatusCode.UNAVAILABLE] [request id: b] Exceeds maximum queue size",
+                "[StatusCode.UNAVAILABLE] [request id: c] Exceeds maximum queue size",
+            ],
+        }
+    )
     table = scheduler.outcome(answers)
     assert table.loc["served", "requests"] == 1
     assert table.loc["[StatusCode.UNAVAILABLE] Exceeds maximum queue size", "requests"] == 2
@@ -139,8 +146,11 @@ def test_executions_count_each_batch_once() -> None:
 def live():
     from lab_backends.server.triton_server import TritonServer
 
-    server = TritonServer(models=[MODEL, scheduler.RAGGED_MODEL, scheduler.GIL_MODEL], trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
-                          trace_log_frequency=1)
+    server = TritonServer(
+        models=[MODEL, scheduler.RAGGED_MODEL, scheduler.GIL_MODEL],
+        trace_file=Path(tempfile.mkdtemp(prefix="batches-")) / "trace.json",
+        trace_log_frequency=1,
+    )
     server.start()
     try:
         yield server, server.model_config(MODEL)

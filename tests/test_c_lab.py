@@ -28,8 +28,9 @@ def test_the_skeleton_is_not_attempted_yet_and_builds() -> None:
     result = exercises.check(c_lab.NAME, c_lab.SKELETON, quiet=True)
     assert not result.attempted and "not attempted" in result.message
     # The skeleton compiles as handed out, so a learner can build step by step.
-    from lab_backends.server import cbackend
     import tempfile
+
+    from lab_backends.server import cbackend
 
     with tempfile.TemporaryDirectory() as tmp:
         assert cbackend.build(c_lab.SKELETON, "clip", tmp, extra_flags=("-Werror",)).is_file()

@@ -32,7 +32,9 @@ def recorded():
 
 # ------------------------------------------------------------------------------ recorded outputs
 def test_pad_maps_mouse_points_to_cells_and_paints_a_soft_brush() -> None:
-    assert cell_at(0, 0) == (0, 0) and cell_at(191.9, 30) == (1, 7) and cell_at(192, 0) is None and cell_at(-1, 5) is None
+    assert (
+        cell_at(0, 0) == (0, 0) and cell_at(191.9, 30) == (1, 7) and cell_at(192, 0) is None and cell_at(-1, 5) is None
+    )
     image = paint(np.zeros((8, 8), np.uint8), 0, 0)
     assert image[0, 0] == 16 and image[0, 1] == image[1, 0] == 8 and image.sum() == 32
     assert stroke(SEVEN).max() == 16 and stroke(SEVEN).tolist() == _json("meta.json")["image"]
@@ -113,8 +115,9 @@ def test_wire_bytes_json_vs_binary_and_scores() -> None:
 
 
 def test_top3_answer_leaves_the_other_classes_unknown() -> None:
-    scores, predicted, _ = class_scores({"LABELS": np.array([[b"7", b"1", b"9"]], object),
-                                         "PROBS": np.array([[0.9, 0.06, 0.01]], np.float32)})
+    scores, predicted, _ = class_scores(
+        {"LABELS": np.array([[b"7", b"1", b"9"]], object), "PROBS": np.array([[0.9, 0.06, 0.01]], np.float32)}
+    )
     assert predicted == 7 and np.isnan(scores[0]) and scores[1] == pytest.approx(0.06)
     with pytest.raises(ProtocolError, match="no class scores"):
         class_scores({"OTHER": np.zeros(3)})
@@ -129,23 +132,25 @@ def server(tmp_path_factory):
     from lab_backends.server.triton_server import TritonServer
 
     trace_file = tmp_path_factory.mktemp("inspector-trace") / "trace.json"
-    with TritonServer(models=MODELS, trace_file=trace_file, trace_level=("TIMESTAMPS",), trace_rate=1,
-                      trace_log_frequency=1) as started:
+    with TritonServer(
+        models=MODELS, trace_file=trace_file, trace_level=("TIMESTAMPS",), trace_rate=1, trace_log_frequency=1
+    ) as started:
         yield started
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", ["REST JSON", "REST binary", "gRPC"])
 def test_panel_figures_match_the_trace_file_and_statistics(server, protocol) -> None:
-    panel = RequestInspector(server, models=("digits_ensemble", "digits_onnx"), model="digits_ensemble",
-                             protocol=protocol)
+    panel = RequestInspector(
+        server, models=("digits_ensemble", "digits_onnx"), model="digits_ensemble", protocol=protocol
+    )
     panel.pad.set_image(stroke(SEVEN))
     before = stats.settled_statistics(server, "digits_ensemble")
     result = panel.send(3)
     assert result is not None, panel.error
     after = stats.settled_statistics(server, "digits_ensemble")
     # Independent read of the same trace file, for that request id.
-    log = trace.load(trace.trace_path(server), request_ids=[result.request_id])
+    log = trace.read_trace(trace.trace_path(server), request_ids=[result.request_id])
     root = log.request(result.request_id)
     assert float(result.root["total_ms"]) == pytest.approx(float(root["total_ms"]))
     assert root["protocol"] == ("grpc" if protocol == "gRPC" else "http")
@@ -177,7 +182,9 @@ def test_batch_of_eight_rejects_a_batcher_that_does_not_wait() -> None:
     from lab_backends.lessons import exercises
 
     with pytest.raises(ExerciseError, match="only dynamic_batching"):
-        exercises.check("batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4})
+        exercises.check(
+            "batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4}
+        )
     with pytest.raises(ExerciseError, match="no dynamic_batching"):
         exercises.check("batch_of_eight", {"dynamic_batching": None})
 

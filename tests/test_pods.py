@@ -94,14 +94,14 @@ def test_trace_comes_from_the_pod_that_served_it(two_pods, remote) -> None:
     infer(b, "echo", {"INPUT0": x}, protocol="http", request_id=f"{run}-on-1")
     assert pods.which_pod(remote.trace_file, f"{run}-on-1") == "triton-1"
     assert pods.which_pod(remote.trace_file, f"{run}-on-0") == "triton-0"
-    log = trace.load(remote.trace_file, request_ids=[f"{run}-on-1"])
+    log = trace.read_trace(remote.trace_file, request_ids=[f"{run}-on-1"])
     ids = set(log.requests["request_id"].dropna())
     assert f"{run}-on-1" in ids and f"{run}-on-0" not in ids  # one pod's file, never merged
     assert log.request(f"{run}-on-1")["model"] == "echo"
     with pytest.raises(TraceError, match="several pods|no single pod"):
         pods.pod_trace_file(remote.trace_file, [f"{run}-on-0", f"{run}-on-1"], timeout_s=0.3)
     with pytest.raises(TraceError, match="request_ids"):
-        trace.load(remote.trace_file)
+        trace.read_trace(remote.trace_file)
 
 
 def test_endpoints_from_a_list_and_from_a_headless_name() -> None:

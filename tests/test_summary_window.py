@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from lab_backends.client.infer import infer
-from lab_backends.lessons import observability, summary_window
-from lab_backends.measure import stats
+from lab_backends.lessons import summary_window
+from lab_backends.measure import prometheus, stats
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = [pytest.mark.server, pytest.mark.upstream]
@@ -34,7 +34,7 @@ def test_summary_quantiles_flag_sets_the_quantiles_and_max_age_is_ignored(server
     for _ in range(3):
         infer(server, "cost_model", {"INPUT0": x})
     text = stats.scrape_metrics(server)
-    assert list(observability.summary_quantiles(text, "cost_model").index) == [0.5, 0.9], \
+    assert list(prometheus.summary_quantiles(text, "cost_model").index) == [0.5, 0.9], \
         "--metrics-config summary_quantiles=... no longer sets the quantiles"
     assert summary_window.summary_count(text, "cost_model") == 3
     time.sleep(6)  # three times the max_age we asked for: had it been honoured, the p50 would be NaN

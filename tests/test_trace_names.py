@@ -14,7 +14,7 @@ DATA = Path(__file__).parent / "data" / "traces" / "all.json"
 
 
 def test_every_derived_stage_is_shown_between_two_of_tritons_timestamps() -> None:
-    log = trace.load(DATA)
+    log = trace.read_trace(DATA)
     row = log.requests[log.requests["queue_ms"].notna() & log.requests["protocol"].notna()].iloc[0]
     table = stage_sources(log, int(row["trace_id"])).set_index("stage (ours)")
     assert table.loc["queue", "from (Triton's stamp)"] == "QUEUE_START"
@@ -32,4 +32,4 @@ def test_the_file_holds_tritons_names_and_none_of_ours() -> None:
 
 def test_an_unknown_trace_id_says_where_to_pick_one() -> None:
     with pytest.raises(TraceError, match="pick a trace_id"):
-        stage_sources(trace.load(DATA), -1)
+        stage_sources(trace.read_trace(DATA), -1)

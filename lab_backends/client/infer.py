@@ -10,10 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
 from lab_backends.server.running import RunningServer
-
-from lab_backends.client.limits import check_inputs
 
 PROTOCOLS = ("grpc", "http")
 

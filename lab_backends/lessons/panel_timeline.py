@@ -66,7 +66,7 @@ class TimelineWindow:
         if not self.available:
             raise TraceError(NEEDS_TRACE)
         path = tracing.trace_path(self.server)
-        log = tracing.load(path, expect=len(self.before) + requests, timeout_s=timeout_s)
+        log = tracing.read_trace(path, expect=len(self.before) + requests, timeout_s=timeout_s)
         rows = log.requests
         new = rows[(rows["model"] == self.model) & (rows["depth"] == 0) & ~rows["trace_id"].isin(self.before)]
         run = tracing.TraceLog(new.reset_index(drop=True), log.stages[log.stages["trace_id"].isin(new["trace_id"])],

@@ -1,7 +1,7 @@
 """The experiments of ``03b_inside_the_scheduler``: one function per question, each on a real server.
 
 Each one reloads ``scheduler_probe`` with a config derived from the shipped one (an override
-replaces the whole config, so :func:`~lab_backends.measure.sweep.apply_config` derives it), warms
+replaces the whole config, so :func:`~lab_backends.server.config_changes.apply_config` derives it), warms
 the new instances with a couple of requests (a fresh stub's first ``execute`` is slow and would
 blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
 and returns what it saw as pandas frames, so the notebook only shows and checks.
@@ -18,7 +18,7 @@ from lab_backends.errors import LoadSettingError
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, timeline_facts
 from lab_backends.measure.probe_load import probe_load
-from lab_backends.measure.sweep import apply_config
+from lab_backends.server.config_changes import apply_config
 
 MODEL = "scheduler_probe"
 
@@ -48,7 +48,7 @@ def batch_timeline(server: Any, base: Any, instances: int, n: int = 150, concurr
     reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": instances}]}, base, model, warm=2)
     answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"timeline{instances}")
     ok = answers.loc[answers["ok"], "request_id"]
-    log = tracing.load(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
+    log = tracing.read_trace(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
     table = batches(compute_spans(log, model), answers)
     return table, answers, timeline_facts(table, answers)
 

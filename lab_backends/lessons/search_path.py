@@ -73,11 +73,15 @@ def entry_points(libraries: dict[str, Path]) -> pd.DataFrame:
     """Which ``TRITONBACKEND_*`` functions each library exports (rows: functions, columns: libraries)."""
     from lab_backends.server.cbackend import exported_symbols
 
-    exported = {label: {s for s in exported_symbols(path) if s.startswith("TRITONBACKEND_")}
-                for label, path in libraries.items()}
+    exported = {
+        label: {s for s in exported_symbols(path) if s.startswith("TRITONBACKEND_")}
+        for label, path in libraries.items()
+    }
     names = sorted(set().union(*exported.values()))
-    return pd.DataFrame({label: ["✓" if n in found else "" for n in names] for label, found in exported.items()},
-                        index=pd.Index(names, name="entry point"))
+    return pd.DataFrame(
+        {label: ["✓" if n in found else "" for n in names] for label, found in exported.items()},
+        index=pd.Index(names, name="entry point"),
+    )
 
 
 @dataclass(frozen=True)
@@ -91,14 +95,32 @@ class Native:
 
 
 NATIVE = (
-    Native("onnxruntime_onnx", "onnxruntime", "1/model.onnx",
-           "libtriton_onnxruntime.so + ONNX Runtime libraries; CPU or GPU; the config can be auto-completed from the model"),
-    Native("pytorch_libtorch", "pytorch", "1/model.pt",
-           "libtriton_pytorch.so + libtorch; a TorchScript file (torch.jit.save), tensors named INPUT__0 / OUTPUT__0 or by name"),
-    Native("tensorflow_savedmodel", "tensorflow", "1/model.savedmodel/saved_model.pb",
-           "libtriton_tensorflow.so + TensorFlow libraries; a SavedModel folder (saved_model.pb + variables/)"),
-    Native("tensorrt_plan", "tensorrt", "1/model.plan",
-           "libtriton_tensorrt.so + TensorRT + an NVIDIA GPU of the kind the plan was built for (plans are not portable)"),
+    Native(
+        "onnxruntime_onnx",
+        "onnxruntime",
+        "1/model.onnx",
+        "libtriton_onnxruntime.so + ONNX Runtime libraries; CPU or GPU; "
+        "the config can be auto-completed from the model",
+    ),
+    Native(
+        "pytorch_libtorch",
+        "pytorch",
+        "1/model.pt",
+        "libtriton_pytorch.so + libtorch; a TorchScript file (torch.jit.save), "
+        "tensors named INPUT__0 / OUTPUT__0 or by name",
+    ),
+    Native(
+        "tensorflow_savedmodel",
+        "tensorflow",
+        "1/model.savedmodel/saved_model.pb",
+        "libtriton_tensorflow.so + TensorFlow libraries; a SavedModel folder (saved_model.pb + variables/)",
+    ),
+    Native(
+        "tensorrt_plan",
+        "tensorrt",
+        "1/model.plan",
+        "libtriton_tensorrt.so + TensorRT + an NVIDIA GPU of the kind the plan was built for (plans are not portable)",
+    ),
 )
 
 
@@ -117,10 +139,16 @@ def native_gallery() -> pd.DataFrame:
     for native in NATIVE:
         config = native_config(native)
         text = config_text(config)
-        rows.append({"platform": native.platform, "backend": native.backend,
-                     "layout": f"{config.name}/config.pbtxt, {config.name}/{native.model_file}",
-                     "needs": native.needs, "validated": parse_config(text, config.name) == config,
-                     "config.pbtxt": text})
+        rows.append(
+            {
+                "platform": native.platform,
+                "backend": native.backend,
+                "layout": f"{config.name}/config.pbtxt, {config.name}/{native.model_file}",
+                "needs": native.needs,
+                "validated": parse_config(text, config.name) == config,
+                "config.pbtxt": text,
+            }
+        )
     return pd.DataFrame(rows).set_index("platform")
 
 

@@ -19,14 +19,13 @@ from typing import Any
 
 import pandas as pd
 
-from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
-from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
+from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, run_closed
+from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.server.config_changes import apply_config
 from lab_backends.server.running import RunningServer
-
 
 #: The first status line: Triton's advice on the order to tune the batcher in.
 HINT = (
@@ -87,38 +86,57 @@ class BatchingPanel:
         layout = w.Layout(width="480px")
         self.dynamic = w.Checkbox(value=batching is not None, description="dynamic batching", style=style)
         self.max_queue_delay = w.IntSlider(
-            value=batching.max_queue_delay_microseconds if batching else 0, min=0, max=50_000, step=500,
-            description="max_queue_delay (µs)", style=style, layout=layout,
+            value=batching.max_queue_delay_microseconds if batching else 0,
+            min=0,
+            max=50_000,
+            step=500,
+            description="max_queue_delay (µs)",
+            style=style,
+            layout=layout,
         )
         sizes = list(batching.preferred_batch_size) if batching else []
         if sizes == [self.base.max_batch_size]:
             sizes = []  # what Triton fills in when a config gives none: show the learner's "none"
         self.preferred = w.Text(
             value=", ".join(map(str, sizes)),
-            placeholder="empty (default); only for sizes a backend runs best, e.g. 4, 8", description="preferred batch sizes", style=style, layout=layout,
+            placeholder="empty (default); only for sizes a backend runs best, e.g. 4, 8",
+            description="preferred batch sizes",
+            style=style,
+            layout=layout,
         )
         count = self.base.instance_group[0].count if self.base.instance_group else 1
         self.instances = w.IntSlider(
             value=max(count, 1), min=1, max=4, description="instances", style=style, layout=layout
         )
-        self.concurrency = w.IntSlider(value=concurrency, min=1, max=64, description="concurrency (client)",
-                                       style=style, layout=layout)
+        self.concurrency = w.IntSlider(
+            value=concurrency, min=1, max=64, description="concurrency (client)", style=style, layout=layout
+        )
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         # The fourth plot: requests over time, or (on a traced server) which lane ran which batch.
-        self.view = w.ToggleButtons(options=["over time", "batch timeline"], value="over time",
-                                    description="last run", style={"button_width": "110px"})
+        self.view = w.ToggleButtons(
+            options=["over time", "batch timeline"],
+            value="over time",
+            description="last run",
+            style={"button_width": "110px"},
+        )
         self.timeline = TimelineWindow(server, model)
         self.last_batches: pd.DataFrame | None = None
         self.status = w.HTML(value=HINT)
         self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
         self.run_button.on_click(lambda _button: self.run())
         self.view.observe(lambda _change: self.redraw() if self.last is not None else None, names="value")
-        self.widget = w.VBox([
-            w.HBox([w.VBox([self.dynamic, self.max_queue_delay, self.preferred]),
-                    w.VBox([self.instances, self.concurrency, w.HBox([self.run_button, self.view])])]),
-            self.status,
-            self.image,
-        ])
+        self.widget = w.VBox(
+            [
+                w.HBox(
+                    [
+                        w.VBox([self.dynamic, self.max_queue_delay, self.preferred]),
+                        w.VBox([self.instances, self.concurrency, w.HBox([self.run_button, self.view])]),
+                    ]
+                ),
+                self.status,
+                self.image,
+            ]
+        )
         self.runs: list[dict[str, Any]] = []
         self.last: LoadResult | None = None
         self.error: str = ""
@@ -171,8 +189,12 @@ class BatchingPanel:
             self._set_status(f"running {self.concurrency.value} in flight...")
             self.timeline.open()
             result = run_closed(
-                self.server, self.model, int(self.concurrency.value), protocol=self.protocol,
-                requests=self.requests, duration_s=self.duration_s,
+                self.server,
+                self.model,
+                int(self.concurrency.value),
+                protocol=self.protocol,
+                requests=self.requests,
+                duration_s=self.duration_s,
             )
         except (LabBackendsError, InferenceServerException, OSError) as exc:
             self.error = str(exc)
@@ -225,8 +247,12 @@ class BatchingPanel:
         if len(history):
             frame = history.assign(config=history["run"].astype(str) + ": " + history["config"])
             for i, (_, row) in enumerate(frame.iterrows()):
-                axes[0, 0].scatter(row["throughput_rps"], row["p50_ms"], color=f"C{i % 10}",
-                                   label=f"{row['config']} c={row['concurrency']}")
+                axes[0, 0].scatter(
+                    row["throughput_rps"],
+                    row["p50_ms"],
+                    color=f"C{i % 10}",
+                    label=f"{row['config']} c={row['concurrency']}",
+                )
             axes[0, 0].set_xlabel("throughput (requests/s)")
             axes[0, 0].set_ylabel("p50 latency (ms)")
             axes[0, 0].set_title("Every run: latency vs throughput")

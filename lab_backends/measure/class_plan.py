@@ -76,8 +76,9 @@ def service_times(footprint: Mapping[str, Mapping[str, Any]]) -> dict[str, float
     return {m: ns[m] / n[m] / 1e9 for m in n if n[m]}
 
 
-def arrivals(footprint: Mapping[str, Mapping[str, Any]], learners: int, stagger_s: float, think_s: float,
-             seed: int = 0) -> list[tuple[float, int, str]]:
+def arrivals(
+    footprint: Mapping[str, Mapping[str, Any]], learners: int, stagger_s: float, think_s: float, seed: int = 0
+) -> list[tuple[float, int, str]]:
     """(time s, learner, model) of every request the class sends, in time order."""
     rng = random.Random(seed)
     out: list[tuple[float, int, str]] = []
@@ -160,8 +161,13 @@ class Outcome:
     busiest_model: str
 
 
-def simulate(requests: list[tuple[float, int, str]], costs: Mapping[str, Cost | float], replicas: int,
-             instances: int = 1, speedup: float = 1.0) -> Outcome:
+def simulate(
+    requests: list[tuple[float, int, str]],
+    costs: Mapping[str, Cost | float],
+    replicas: int,
+    instances: int = 1,
+    speedup: float = 1.0,
+) -> Outcome:
     """Latency of every request through batching model instances on ``replicas`` pods.
 
     ``costs`` may also map a model to plain seconds per request (no batching).
@@ -194,8 +200,14 @@ def simulate(requests: list[tuple[float, int, str]], costs: Mapping[str, Cost | 
     def pct(q: float) -> float:
         return latencies[min(len(latencies) - 1, math.ceil(q * len(latencies)) - 1)] * 1000
 
-    return Outcome(replicas, len(latencies), round(pct(0.50), 2), round(pct(0.99), 2), round(latencies[-1] * 1000, 2),
-                   max(waits, key=waits.get))
+    return Outcome(
+        replicas,
+        len(latencies),
+        round(pct(0.50), 2),
+        round(pct(0.99), 2),
+        round(latencies[-1] * 1000, 2),
+        max(waits, key=waits.get),
+    )
 
 
 def learner_resources(footprint: Mapping[str, Mapping[str, Any]], headroom: float = 1.3) -> dict[str, Any]:
@@ -211,9 +223,17 @@ def learner_resources(footprint: Mapping[str, Mapping[str, Any]], headroom: floa
     }
 
 
-def plan(learners: int, gpu_replicas: int | None = None, p99_bound_ms: float = 250.0, stagger_s: float = 600.0,
-         think_s: float = 120.0, speedup: float = 1.0, instances: int = 1, max_replicas: int = 64,
-         footprint: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def plan(
+    learners: int,
+    gpu_replicas: int | None = None,
+    p99_bound_ms: float = 250.0,
+    stagger_s: float = 600.0,
+    think_s: float = 120.0,
+    speedup: float = 1.0,
+    instances: int = 1,
+    max_replicas: int = 64,
+    footprint: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Simulate the class for ``gpu_replicas`` (or search the smallest count that meets the bound)."""
     footprint = footprint if footprint is not None else load_footprint()
     costs = execution_costs(footprint)
@@ -231,11 +251,21 @@ def plan(learners: int, gpu_replicas: int | None = None, p99_bound_ms: float = 2
             break
     best = tried[-1]
     return {
-        "learners": learners, "replicas": best.replicas, "meets_bound": best.p99_ms <= p99_bound_ms,
-        "p99_bound_ms": p99_bound_ms, "outcomes": tried, "costs": costs,
+        "learners": learners,
+        "replicas": best.replicas,
+        "meets_bound": best.p99_ms <= p99_bound_ms,
+        "p99_bound_ms": p99_bound_ms,
+        "outcomes": tried,
+        "costs": costs,
         "resources": learner_resources(footprint),
-        "assumptions": {"stagger_s": stagger_s, "think_s": think_s, "speedup": speedup, "instances": instances,
-                        "shared": sorted(set(footprint) - local), "local": sorted(set(footprint) & local)},
+        "assumptions": {
+            "stagger_s": stagger_s,
+            "think_s": think_s,
+            "speedup": speedup,
+            "instances": instances,
+            "shared": sorted(set(footprint) - local),
+            "local": sorted(set(footprint) & local),
+        },
     }
 
 
@@ -243,20 +273,32 @@ def report(result: Mapping[str, Any]) -> str:
     """The plan as text for the terminal and docs/scale.md."""
     lines = [f"class of {result['learners']} learners, p99 bound {result['p99_bound_ms']:g} ms"]
     for o in result["outcomes"]:
-        lines.append(f"  {o.replicas:3d} replica(s): {o.requests} requests, p50 {o.p50_ms} ms, p99 {o.p99_ms} ms, "
-                     f"max {o.max_ms} ms (most queueing: {o.busiest_model})")
+        lines.append(
+            f"  {o.replicas:3d} replica(s): {o.requests} requests, p50 {o.p50_ms} ms, p99 {o.p99_ms} ms, "
+            f"max {o.max_ms} ms (most queueing: {o.busiest_model})"
+        )
     verdict = "meets" if result["meets_bound"] else "does NOT meet"
     lines.append(f"=> {result['replicas']} replica(s) {verdict} the bound")
-    lines.append("execution cost per model (measured here): " + ", ".join(
-        f"{m} {c.fixed_s * 1000:.1f}+{c.per_item_s * 1000:.2f}/item ms (batch<={c.max_batch})"
-        for m, c in sorted(result["costs"].items())))
+    lines.append(
+        "execution cost per model (measured here): "
+        + ", ".join(
+            f"{m} {c.fixed_s * 1000:.1f}+{c.per_item_s * 1000:.2f}/item ms (batch<={c.max_batch})"
+            for m, c in sorted(result["costs"].items())
+        )
+    )
     r = result["resources"]
-    lines.append(f"per learner pod: memory {r['memory_request_mb']} MiB request / {r['memory_limit_mb']} MiB limit, "
-                 f"cpu {r['cpu_request']} request / {r['cpu_limit']} limit (worst notebook {r['worst_notebook_peak_mb']} MB)")
+    lines.append(
+        f"per learner pod: memory {r['memory_request_mb']} MiB request / {r['memory_limit_mb']} MiB limit, "
+        f"cpu {r['cpu_request']} request / {r['cpu_limit']} limit (worst notebook {r['worst_notebook_peak_mb']} MB)"
+    )
     a = result["assumptions"]
-    lines.append(f"on the shared server: {', '.join(a['shared'])}; on each learner's embedded server: "
-                 f"{', '.join(a['local']) or 'none'}")
-    lines.append(f"assumptions: starts spread over {a['stagger_s']:g} s, {a['think_s']:g} s between notebooks, "
-                 f"service time = measured here / {a['speedup']:g}, {a['instances']} instance(s) per model per replica, "
-                 "sticky connections, dynamic batching without queue delay, open-loop arrivals")
+    lines.append(
+        f"on the shared server: {', '.join(a['shared'])}; on each learner's embedded server: "
+        f"{', '.join(a['local']) or 'none'}"
+    )
+    lines.append(
+        f"assumptions: starts spread over {a['stagger_s']:g} s, {a['think_s']:g} s between notebooks, "
+        f"service time = measured here / {a['speedup']:g}, {a['instances']} instance(s) per model per replica, "
+        "sticky connections, dynamic batching without queue delay, open-loop arrivals"
+    )
     return "\n".join(lines)

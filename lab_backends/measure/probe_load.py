@@ -20,17 +20,35 @@ import pandas as pd
 from lab_backends.errors import LoadSettingError
 
 #: The columns of :func:`probe_load`'s frame.
-COLUMNS = ["request_id", "priority", "ok", "error", "instance", "pid", "batch", "lengths", "total", "cores", "sent_s",
-           "done_s", "latency_ms"]
+COLUMNS = [
+    "request_id",
+    "priority",
+    "ok",
+    "error",
+    "instance",
+    "pid",
+    "batch",
+    "lengths",
+    "total",
+    "cores",
+    "sent_s",
+    "done_s",
+    "latency_ms",
+]
 _EMPTY = {"instance": None, "pid": None, "batch": None, "lengths": None, "total": None, "cores": None}
 
 
 def _answer(result: Any) -> dict[str, Any]:
     """The probe's outputs as plain values; models without them give ``None``s (only ``ok`` counts)."""
     found: dict[str, Any] = dict(_EMPTY)
-    for name, key, cast in (("INSTANCE", "instance", lambda v: v.decode() if isinstance(v, bytes) else str(v)),
-                            ("PID", "pid", int), ("BATCH", "batch", int), ("LENGTHS", "lengths", int),
-                            ("TOTAL", "total", float), ("CORES", "cores", float)):
+    for name, key, cast in (
+        ("INSTANCE", "instance", lambda v: v.decode() if isinstance(v, bytes) else str(v)),
+        ("PID", "pid", int),
+        ("BATCH", "batch", int),
+        ("LENGTHS", "lengths", int),
+        ("TOTAL", "total", float),
+        ("CORES", "cores", float),
+    ):
         array = result.as_numpy(name)
         if array is not None and array.size:
             found[key] = cast(array.reshape(-1)[0])
@@ -52,10 +70,11 @@ def probe_load(
     """Send ``n`` requests (``request_id`` = ``<prefix>-<i>``), at most ``concurrency`` in flight.
 
     ``inputs`` is one set of tensors for every request, or a function of the request's index
-    (requests of different shapes, for ragged batching). ``priorities[i]`` (if given) is request *i*'s priority (1 is the highest; 0 means the model's
-    default); ``timeout_us`` is the per-request timeout Triton applies in its queue (the model must
-    allow the override). Refused and expired requests are rows with ``ok=False`` and Triton's own
-    ``error`` text: they are results here, not failures. Times are seconds from the first send.
+    (requests of different shapes, for ragged batching). ``priorities[i]`` (if given) is request
+    *i*'s priority (1 is the highest; 0 means the model's default); ``timeout_us`` is the
+    per-request timeout Triton applies in its queue (the model must allow the override). Refused
+    and expired requests are rows with ``ok=False`` and Triton's own ``error`` text: they are
+    results here, not failures. Times are seconds from the first send.
     """
     from lab_backends.client.infer import make_inputs
 
@@ -77,12 +96,17 @@ def probe_load(
     def callback(i: int, sent: float):
         def done(result: Any, error: Any) -> None:
             now = time.monotonic() - origin
-            row = {"ok": error is None, "error": "" if error is None else str(error), "done_s": now,
-                   "latency_ms": (now - sent) * 1000.0}
+            row = {
+                "ok": error is None,
+                "error": "" if error is None else str(error),
+                "done_s": now,
+                "latency_ms": (now - sent) * 1000.0,
+            }
             row.update(_answer(result) if error is None else _EMPTY)
             rows[i].update(row)
             slots.release()
             finished.release()
+
         return done
 
     end = origin + deadline_s
@@ -94,8 +118,9 @@ def probe_load(
         priority = int(priorities[i]) if priorities is not None else 0
         rows[i] = {"request_id": f"{prefix}-{i}", "priority": priority, "sent_s": sent}
         tensors = shared if shared is not None else make_inputs(inputs(i))
-        client.async_infer(model, tensors, callback(i, sent), request_id=f"{prefix}-{i}",
-                           priority=priority, timeout=timeout_us)
+        client.async_infer(
+            model, tensors, callback(i, sent), request_id=f"{prefix}-{i}", priority=priority, timeout=timeout_us
+        )
         sent_count += 1
     for _ in range(sent_count):
         if not finished.acquire(timeout=max(0.0, end - time.monotonic())):

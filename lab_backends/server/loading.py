@@ -28,7 +28,9 @@ def preflight_load(server: Any, name: str, files: dict[str, bytes] | None) -> No
         raise ModelLoadError(name, problems[name], hint="restore the model file, then load again")
 
 
-def load(server: Any, name: str, config: str | None, files: dict[str, bytes] | None, timeout_s: float | None = None) -> None:
+def load(
+    server: Any, name: str, config: str | None, files: dict[str, bytes] | None, timeout_s: float | None = None
+) -> None:
     """``load_model`` through a client whose network timeout is the load's deadline."""
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
@@ -44,7 +46,7 @@ def load(server: Any, name: str, config: str | None, files: dict[str, bytes] | N
         client.load_model(name, headers=server.admin_headers, config=config, files=files)
     except InferenceServerException:
         raise  # the server answered: TritonServer.load_model quotes the log's reason
-    except Exception as exc:  # noqa: BLE001 - gevent/socket timeouts have no common base worth naming
+    except Exception as exc:
         if time.monotonic() - started < timeout_s * 0.9:
             raise
         state = ""

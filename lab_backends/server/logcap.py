@@ -37,6 +37,8 @@ def cap_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES, keep_bytes: int | 
     with open(path, "r+b") as log:
         log.truncate(0)
     with open(path, "ab") as log:
-        log.write(f"[lab_backends] log passed {max_bytes} bytes; its last {len(tail)} bytes are in {backup.name}\n".encode())
+        log.write(
+            f"[lab_backends] log passed {max_bytes} bytes; its last {len(tail)} bytes are in {backup.name}\n".encode()
+        )
     os.utime(path)
     return True

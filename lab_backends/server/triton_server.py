@@ -25,12 +25,12 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lab_backends.server import crash as _crash
-from lab_backends.server import loading as _loading
 from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError, RemoteServerError
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY
+from lab_backends.server import crash as _crash
 from lab_backends.server import endpoints as _endpoints
+from lab_backends.server import loading as _loading
 from lab_backends.server.docker import DockerTarget
 from lab_backends.server.local import LocalTarget
 from lab_backends.server.logs import ServerLog

@@ -16,9 +16,7 @@ from typing import Any
 
 import pytest
 
-from .test_lab_in_browser import (  # noqa: F401 - `lab` is a fixture
-    ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, ROOT, _kernel_idle, _no_errors, _run_menu, _wait, lab,
-)
+from .test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, ROOT, _kernel_idle, _no_errors, _run_menu, _wait
 
 NOTEBOOK = ROOT / "notebooks" / "11_one_request_end_to_end.ipynb"
 #: The stroke of a 7 in pad cells (row, column), as a learner would drag it.
@@ -40,8 +38,11 @@ def _send(page: Any, panel: Any, protocol: str) -> str:
     panel.locator(".widget-toggle-button", has_text=protocol).first.click()
     panel.locator(".widget-button", has_text="Send 1").first.click()
     status = panel.locator(".widget-html", has_text="answered").first
-    _wait(f"the panel to report a request over {protocol}",
-          lambda: status.count() > 0 and f"over {protocol} in" in status.inner_text(), 60)
+    _wait(
+        f"the panel to report a request over {protocol}",
+        lambda: status.count() > 0 and f"over {protocol} in" in status.inner_text(),
+        60,
+    )
     return status.inner_text()
 
 
@@ -57,8 +58,11 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
     try:
         with sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
-                user_data_dir=str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM),
-                headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1500, "height": 1100},
+                user_data_dir=str(tmp_path / "chromium-profile"),
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": 1500, "height": 1100},
             )
             try:
                 page = context.pages[0] if context.pages else context.new_page()
@@ -72,14 +76,20 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
                     stop_cell.locator(".jp-InputPrompt").click()
                     _run_menu(page, "Run All Above Selected Cell")
                     try:
-                        _wait("the first cell to start", lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20)
+                        _wait(
+                            "the first cell to start", lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20
+                        )
                         break
                     except AssertionError:
                         if attempt == 2:
                             raise
                 exercise_output = page.locator(".jp-OutputArea-output", has_text="not attempted yet")
-                _wait("the cells above server.stop() to run",
-                      lambda: (_no_errors(page), exercise_output.count() > 0 and _kernel_idle(page))[1], 120, every_s=1.0)
+                _wait(
+                    "the cells above server.stop() to run",
+                    lambda: (_no_errors(page), exercise_output.count() > 0 and _kernel_idle(page))[1],
+                    120,
+                    every_s=1.0,
+                )
 
                 panel = page.locator(".lab-request-inspector").first
                 panel.scroll_into_view_if_needed()
@@ -98,10 +108,17 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
                 binary_status = _send(page, panel, "REST binary")
                 for css in (".lab-inspector-answer", ".lab-inspector-waterfall"):
                     image = panel.locator(css).first
-                    _wait(f"{css} to show a picture", lambda image=image: image.evaluate("img => img.naturalWidth > 0"), 20)
+                    _wait(
+                        f"{css} to show a picture",
+                        lambda image=image: image.evaluate("img => img.naturalWidth > 0"),
+                        20,
+                    )
                 wire_view = panel.locator(".lab-inspector-wire").first
-                _wait("the wire view of the REST binary request",
-                      lambda: "Inference-Header-Content-Length" in wire_view.inner_text(), 20)
+                _wait(
+                    "the wire view of the REST binary request",
+                    lambda: "Inference-Header-Content-Length" in wire_view.inner_text(),
+                    20,
+                )
                 wire = wire_view.inner_text()
                 assert "Inference-Header-Content-Length" in wire and "POST /v2/models/" in wire, wire[:500]
                 assert "Where each figure came from" in panel.locator(".lab-inspector-details").first.inner_text()
@@ -112,9 +129,14 @@ def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> 
 
                 stop_cell.locator(".jp-InputPrompt").click()
                 _run_menu(page, "Run Selected Cell")
-                _wait("server.stop() to run",
-                      lambda: _kernel_idle(page) and stop_cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[ ]:", "[*]:"),
-                      30)
+                _wait(
+                    "server.stop() to run",
+                    lambda: (
+                        _kernel_idle(page)
+                        and stop_cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[ ]:", "[*]:")
+                    ),
+                    30,
+                )
                 _no_errors(page)
             except BaseException:
                 try:

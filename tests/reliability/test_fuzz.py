@@ -29,8 +29,12 @@ from tests.reliability.conftest import known_good
 pytestmark = pytest.mark.server
 
 EXAMPLES = 110  # per generator: 330 malformed requests per run
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 JSON_ELEMENTS_MAX = 1 << 20  # excluded above: "huge_json_shape" (test_crashes.py)
 OVERFLOW = 1 << 63  # excluded at or above: "binary_shape_overflow" (test_crashes.py)
 ITEM = {"FP32": 4, "INT32": 4, "FP64": 8, "INT8": 1, "BOOL": 1, "BYTES": 4, "FP16": 2, "UINT64": 8}
@@ -38,11 +42,18 @@ ITEM = {"FP32": 4, "INT32": 4, "FP64": 8, "INT8": 1, "BOOL": 1, "BYTES": 4, "FP1
 models = st.sampled_from(["rel_double", "cost_model", "no_such_model", ""])
 names = st.sampled_from(["INPUT0", "INPUT1", "", "input0", "INPUT0 "]) | st.text(max_size=8)
 datatypes = st.sampled_from([*ITEM, "fp32", "FLOAT", "", "STRING"])
-dims = st.one_of(st.integers(-3, 20), st.integers(-(1 << 40), 1 << 40), st.sampled_from([0, 16, 1 << 31, (1 << 62) + 1]))
+dims = st.one_of(
+    st.integers(-3, 20), st.integers(-(1 << 40), 1 << 40), st.sampled_from([0, 16, 1 << 31, (1 << 62) + 1])
+)
 shapes = st.lists(dims, max_size=4)
-scalars = st.one_of(st.floats(allow_nan=True), st.integers(-(1 << 70), 1 << 70), st.booleans(), st.text(max_size=4), st.none())
-parameters = st.dictionaries(st.sampled_from(["binary_data_size", "binary_data", "classification", "x"]),
-                             st.one_of(st.integers(-5, 1 << 40), st.booleans(), st.text(max_size=4)), max_size=2)
+scalars = st.one_of(
+    st.floats(allow_nan=True), st.integers(-(1 << 70), 1 << 70), st.booleans(), st.text(max_size=4), st.none()
+)
+parameters = st.dictionaries(
+    st.sampled_from(["binary_data_size", "binary_data", "classification", "x"]),
+    st.one_of(st.integers(-5, 1 << 40), st.booleans(), st.text(max_size=4)),
+    max_size=2,
+)
 
 
 def _elements(shape: list[int]) -> int:
@@ -73,12 +84,22 @@ def _post(server, model: str, body: bytes, headers: dict[str, str]) -> None:
 
 
 @FUZZ
-@given(model=models, inputs=st.lists(st.fixed_dictionaries(
-    {"name": names, "shape": shapes, "datatype": datatypes}, optional={"data": st.lists(scalars, max_size=20),
-                                                                       "parameters": parameters}), max_size=3),
-       extra=st.dictionaries(st.sampled_from(["id", "outputs", "parameters", "inputs2"]),
-                             st.one_of(st.text(max_size=5), st.integers(), st.lists(st.integers(), max_size=2)), max_size=2),
-       raw=st.one_of(st.none(), st.binary(max_size=300)))
+@given(
+    model=models,
+    inputs=st.lists(
+        st.fixed_dictionaries(
+            {"name": names, "shape": shapes, "datatype": datatypes},
+            optional={"data": st.lists(scalars, max_size=20), "parameters": parameters},
+        ),
+        max_size=3,
+    ),
+    extra=st.dictionaries(
+        st.sampled_from(["id", "outputs", "parameters", "inputs2"]),
+        st.one_of(st.text(max_size=5), st.integers(), st.lists(st.integers(), max_size=2)),
+        max_size=2,
+    ),
+    raw=st.one_of(st.none(), st.binary(max_size=300)),
+)
 def test_malformed_json_bodies(rel_server, model, inputs, extra, raw):
     for tensor in inputs:
         # "huge_json_shape": a shape far larger than its data aborts the server (std::bad_alloc)
@@ -89,23 +110,41 @@ def test_malformed_json_bodies(rel_server, model, inputs, extra, raw):
 
 
 @FUZZ
-@given(model=models, name=names, datatype=datatypes, shape=shapes, params=parameters,
-       header_delta=st.integers(-40, 40) | st.just(0), blob=st.binary(max_size=256),
-       size=st.one_of(st.none(), st.integers(-8, 1 << 40)))
+@given(
+    model=models,
+    name=names,
+    datatype=datatypes,
+    shape=shapes,
+    params=parameters,
+    header_delta=st.integers(-40, 40) | st.just(0),
+    blob=st.binary(max_size=256),
+    size=st.one_of(st.none(), st.integers(-8, 1 << 40)),
+)
 def test_malformed_binary_requests(rel_server, model, name, datatype, shape, params, header_delta, blob, size):
     # "binary_shape_overflow": a byte size that wraps 64 bits kills a Python stub (and our C helpers)
     assume(_elements(shape) * ITEM.get(datatype, 8) < OVERFLOW)
     params = dict(params)
     if size is not None:
         params["binary_data_size"] = size
-    header = json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "parameters": params}]}).encode()
+    header = json.dumps(
+        {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "parameters": params}]}
+    ).encode()
     length = max(0, len(header) + header_delta)
-    _post(rel_server, model or "rel_double", header + blob, {
-        "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(length)})
+    _post(
+        rel_server,
+        model or "rel_double",
+        header + blob,
+        {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(length)},
+    )
 
 
-_GOOD_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED,
-               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
+_GOOD_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +155,13 @@ def grpc_stub(rel_server):
 
 
 @FUZZ
-@given(model=models, version=st.sampled_from(["", "1", "2", "x"]), tensors=st.lists(st.tuples(
-    names, datatypes, shapes, st.binary(max_size=128)), max_size=3), raw_extra=st.integers(-1, 1),
-       param=st.one_of(st.none(), st.tuples(st.text(max_size=6), st.integers(-(1 << 62), 1 << 62))))
+@given(
+    model=models,
+    version=st.sampled_from(["", "1", "2", "x"]),
+    tensors=st.lists(st.tuples(names, datatypes, shapes, st.binary(max_size=128)), max_size=3),
+    raw_extra=st.integers(-1, 1),
+    param=st.one_of(st.none(), st.tuples(st.text(max_size=6), st.integers(-(1 << 62), 1 << 62))),
+)
 def test_malformed_grpc_messages(rel_server, grpc_stub, model, version, tensors, raw_extra, param):
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for name, datatype, shape, blob in tensors:

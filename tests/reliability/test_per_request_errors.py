@@ -9,7 +9,6 @@ from __future__ import annotations
 import pickle
 import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -62,7 +61,9 @@ def test_poisoned_request_fails_alone(server, model, poison):
             before = _batch_counts(server, model)
             answers: queue.Queue = queue.Queue()
             for i, x in enumerate(sent):
-                client.async_infer(model, make_inputs({name: x}), lambda result, error, i=i: answers.put((i, result, error)))
+                client.async_infer(
+                    model, make_inputs({name: x}), lambda result, error, i=i: answers.put((i, result, error))
+                )
             got = dict((i, (r, e)) for i, r, e in (answers.get(timeout=30) for _ in range(N)))
             for i, (result, error) in got.items():
                 if i == POISONED:
@@ -89,8 +90,14 @@ def test_sklearn_answers_match_the_estimator(server):
 
 def test_running_mean_refuses_nan_and_keeps_its_state(server):
     def step(value, start=False, end=False):
-        return infer(server, "running_mean", {"VALUE": np.array([[value]], dtype=np.float32)},
-                     sequence_id=4242, sequence_start=start, sequence_end=end)
+        return infer(
+            server,
+            "running_mean",
+            {"VALUE": np.array([[value]], dtype=np.float32)},
+            sequence_id=4242,
+            sequence_start=start,
+            sequence_end=end,
+        )
 
     step(2.0, start=True)
     with pytest.raises(InferenceServerException, match="finite"):

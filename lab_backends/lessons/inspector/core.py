@@ -70,9 +70,11 @@ class Inspection:
 
     def summary(self) -> str:
         shared = ", ".join(sorted({r for s in self.executions["shared_with"] for r in s})[:6]) or "no other request"
-        return (f"{self.model} answered {self.predicted} over {self.protocol} in {self.sent.latency_ms:.1f} ms "
-                f"(server trace: {float(self.root['total_ms']):.2f} ms); largest batch {self.batch_size} "
-                f"(shared with {shared}); request {self.sent.request_bytes} B, response {self.sent.response_bytes} B")
+        return (
+            f"{self.model} answered {self.predicted} over {self.protocol} in {self.sent.latency_ms:.1f} ms "
+            f"(server trace: {float(self.root['total_ms']):.2f} ms); largest batch {self.batch_size} "
+            f"(shared with {shared}); request {self.sent.request_bytes} B, response {self.sent.response_bytes} B"
+        )
 
 
 def new_request_id() -> str:
@@ -94,8 +96,15 @@ def _fire_copies(server: Any, model: str, fit: InputFit, ids: list[str]) -> tupl
     return done, errors
 
 
-def inspect(server: Any, model: str, image: np.ndarray, protocol: str = "gRPC", burst: int = 1,
-            request_id: str | None = None, trace_timeout_s: float = 20.0) -> Inspection:
+def inspect(
+    server: Any,
+    model: str,
+    image: np.ndarray,
+    protocol: str = "gRPC",
+    burst: int = 1,
+    request_id: str | None = None,
+    trace_timeout_s: float = 20.0,
+) -> Inspection:
     """Send ``image`` to ``model`` by ``protocol`` (``burst`` copies at once) and gather the evidence.
 
     Raises :class:`ProtocolError` for a blank drawing, a model whose input the drawing cannot fill,
@@ -124,22 +133,39 @@ def inspect(server: Any, model: str, image: np.ndarray, protocol: str = "gRPC", 
         raise ProtocolError(f"{len(errors)} of the burst's {len(copies)} copies failed, e.g.: {errors[0][:300]}")
     stats.rows_since(server, model, stats.totals(before, model).inferences, int(burst))
     after = stats.settled_statistics(server, model)
-    log = trace.load(path, request_ids=[rid, *copies], timeout_s=trace_timeout_s).select([rid, *copies])
+    log = trace.read_trace(path, request_ids=[rid, *copies], timeout_s=trace_timeout_s).select([rid, *copies])
     scores, predicted, score_source = class_scores(sent.outputs)
     execs = evidence.executions(log, rid)
     execs["instance"] = [evidence.instance_name(live_config(server, m)) for m in execs["model"]]
     front = "REST" if protocol.startswith("REST") else "gRPC"
     sources = {
         "wire": f"the bytes this process sent and received over {front} ({sent.request_bytes} B out, "
-                f"{sent.response_bytes} B back)",
+        f"{sent.response_bytes} B back)",
         "answer": score_source,
         "waterfall": f"the server's trace file {path.name}* (records with request_id {rid!r} and their children)",
-        "batch": "the trace: requests of one model with identical COMPUTE_START/COMPUTE_END stamps ran in one execution",
+        "batch": "the trace: requests of one model with identical COMPUTE_START/COMPUTE_END stamps "
+        "ran in one execution",
         "instance": "the model's live config (instance_group); the trace does not name instances",
         "statistics": f"GET /v2/models/{model}/stats before and after this send (delta)",
         "input": fit.how,
-        "burst": (f"{len(copies)} copies of the same tensor sent over gRPC at the same moment as yours"
-                  if copies else "none: your request went alone"),
+        "burst": (
+            f"{len(copies)} copies of the same tensor sent over gRPC at the same moment as yours"
+            if copies
+            else "none: your request went alone"
+        ),
     }
-    return Inspection(model, protocol, rid, copies, fit, sent, scores, predicted, log, execs,
-                      stats.window(before, after, model), evidence.instance_of(config), sources)
+    return Inspection(
+        model,
+        protocol,
+        rid,
+        copies,
+        fit,
+        sent,
+        scores,
+        predicted,
+        log,
+        execs,
+        stats.window(before, after, model),
+        evidence.instance_of(config),
+        sources,
+    )

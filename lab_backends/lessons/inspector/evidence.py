@@ -19,13 +19,23 @@ import pandas as pd
 
 from lab_backends.measure.trace import TraceLog
 
-EXECUTION_COLUMNS = ["model", "trace_id", "depth", "compute_start_ns", "compute_end_ns", "batch_size",
-                     "shared_with", "compute_ms"]
+EXECUTION_COLUMNS = [
+    "model",
+    "trace_id",
+    "depth",
+    "compute_start_ns",
+    "compute_end_ns",
+    "batch_size",
+    "shared_with",
+    "compute_ms",
+]
 
 
 def _root_request_ids(log: TraceLog) -> dict[int, str | None]:
     """trace id -> request id of its top-level ancestor (children have no request id of their own)."""
-    parents = {int(t): int(p) for t, p in log.requests[["trace_id", "parent_id"]].itertuples(index=False) if pd.notna(p)}
+    parents = {
+        int(t): int(p) for t, p in log.requests[["trace_id", "parent_id"]].itertuples(index=False) if pd.notna(p)
+    }
     rid = {int(t): r for t, r in log.requests[["trace_id", "request_id"]].itertuples(index=False)}
     out = {}
     for tid in rid:
@@ -66,12 +76,18 @@ def executions(log: TraceLog, request_id: str) -> pd.DataFrame:
     for row in compute[compute["trace_id"].isin(family)].itertuples(index=False):
         members = groups[(row.model, row.COMPUTE_START, row.COMPUTE_END)]
         others = sorted({str(roots.get(int(m))) for m in members if int(m) != int(row.trace_id)})
-        rows.append({
-            "model": row.model, "trace_id": int(row.trace_id), "depth": int(depth[row.trace_id]),
-            "compute_start_ns": int(row.COMPUTE_START), "compute_end_ns": int(row.COMPUTE_END),
-            "batch_size": len(members), "shared_with": others,
-            "compute_ms": (int(row.COMPUTE_END) - int(row.COMPUTE_START)) / 1e6,
-        })
+        rows.append(
+            {
+                "model": row.model,
+                "trace_id": int(row.trace_id),
+                "depth": int(depth[row.trace_id]),
+                "compute_start_ns": int(row.COMPUTE_START),
+                "compute_end_ns": int(row.COMPUTE_END),
+                "batch_size": len(members),
+                "shared_with": others,
+                "compute_ms": (int(row.COMPUTE_END) - int(row.COMPUTE_START)) / 1e6,
+            }
+        )
     return pd.DataFrame(rows, columns=EXECUTION_COLUMNS).sort_values("compute_start_ns").reset_index(drop=True)
 
 
@@ -94,8 +110,10 @@ def instance_of(config: Any) -> str:
         from tritonclient.grpc import model_config_pb2 as mc
 
         return f"{config.name}_0 ({mc.ModelInstanceGroup.Kind.Name(kind)}), the only instance its config declares"
-    return (f"one of {count} instances of {config.name}; Triton 2.51's trace does not say which "
-            "(the config's instance_group declares them)")
+    return (
+        f"one of {count} instances of {config.name}; Triton 2.51's trace does not say which "
+        "(the config's instance_group declares them)"
+    )
 
 
 def instance_name(config: Any) -> str:
@@ -140,9 +158,12 @@ def stage_sum_ms(log: TraceLog, request_id: str) -> float:
 def window_table(window: Any) -> pd.DataFrame:
     """The statistics delta as a two-column table a notebook can show."""
     rows = [
-        ("successful requests", window.requests), ("failed requests", window.failures),
-        ("inferences (rows)", window.inferences), ("executions", window.executions),
-        ("average batch", round(window.avg_batch, 2)), ("mean queue ms", round(window.queue_ms, 3)),
+        ("successful requests", window.requests),
+        ("failed requests", window.failures),
+        ("inferences (rows)", window.inferences),
+        ("executions", window.executions),
+        ("average batch", round(window.avg_batch, 2)),
+        ("mean queue ms", round(window.queue_ms, 3)),
         ("mean compute_infer ms", round(window.compute_infer_ms, 3)),
         ("batch sizes run", dict(window.batch_hist)),
     ]

@@ -22,14 +22,14 @@ TARGET = 8
 
 
 def _checked_config(live: Any, answer: Any) -> Any:
-    from lab_backends.measure.sweep import derive_config
+    from lab_backends.server.config_changes import derive_config
 
     unbatched = derive_config(live, {"dynamic_batching": None})
     try:
         tuned = derive_config(unbatched, answer)
     except NotImplementedError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a bad override: say what was wrong with it
+    except Exception as exc:
         raise ExerciseError(f"your override could not be applied: {type(exc).__name__}: {exc}") from exc
     if not tuned.HasField("dynamic_batching"):
         raise ExerciseError("the config has no dynamic_batching: the default scheduler runs every request alone")
@@ -38,7 +38,9 @@ def _checked_config(live: Any, answer: Any) -> Any:
     rest_after.CopyFrom(tuned)
     rest_after.ClearField("dynamic_batching")
     if rest_before != rest_after:
-        raise ExerciseError("change only dynamic_batching (instances, max_batch_size and the rest must stay as they are)")
+        raise ExerciseError(
+            "change only dynamic_batching (instances, max_batch_size and the rest must stay as they are)"
+        )
     return tuned
 
 
@@ -67,8 +69,13 @@ def check_batch_of_eight(answer: Any, server: Any = None) -> str:
 
     _checked_config(read_config(MODEL_REPOSITORY / MODEL), answer)  # a wrong answer is told at once, no server
     with tempfile.TemporaryDirectory(prefix="exercise-batch-") as tmp:
-        with TritonServer(models=[MODEL], trace_file=Path(tmp) / "trace.json", trace_level=("TIMESTAMPS",),
-                          trace_rate=1, trace_log_frequency=1) as own:
+        with TritonServer(
+            models=[MODEL],
+            trace_file=Path(tmp) / "trace.json",
+            trace_level=("TIMESTAMPS",),
+            trace_rate=1,
+            trace_log_frequency=1,
+        ) as own:
             tuned = _checked_config(own.model_config(MODEL), answer)
             try:
                 own.load_model(MODEL, config=tuned)
@@ -77,7 +84,11 @@ def check_batch_of_eight(answer: Any, server: Any = None) -> str:
             inspect(own, MODEL, stroke(SEVEN), "gRPC", request_id="exercise-warmup")
             result = inspect(own, MODEL, stroke(SEVEN), "gRPC", burst=BURST)
     if result.batch_size < TARGET:
-        raise ExerciseError(f"your request ran in a batch of {result.batch_size} (from the trace's shared compute "
-                            f"stamps); it must be at least {TARGET}: let the batcher wait longer for company")
-    return (f"your request ran in a batch of {result.batch_size} with {len(result.executions['shared_with'].iloc[0])} "
-            f"other requests of the burst (from the trace file), with only the batcher changed.")
+        raise ExerciseError(
+            f"your request ran in a batch of {result.batch_size} (from the trace's shared compute "
+            f"stamps); it must be at least {TARGET}: let the batcher wait longer for company"
+        )
+    return (
+        f"your request ran in a batch of {result.batch_size} with {len(result.executions['shared_with'].iloc[0])} "
+        f"other requests of the burst (from the trace file), with only the batcher changed."
+    )

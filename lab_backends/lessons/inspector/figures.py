@@ -40,8 +40,12 @@ def answer_png(inspection: Any) -> bytes:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(4.2, 2.8))
-    answer_chart(inspection.scores, inspection.predicted, fig.subplots(),
-                 title=f"{inspection.model} answered {inspection.predicted}")
+    answer_chart(
+        inspection.scores,
+        inspection.predicted,
+        fig.subplots(),
+        title=f"{inspection.model} answered {inspection.predicted}",
+    )
     fig.tight_layout()
     return png(fig)
 
@@ -52,6 +56,10 @@ def waterfall_png(inspection: Any) -> bytes:
     stages = inspection.stages
     rows = stages["trace_id"].nunique()
     fig = Figure(figsize=(8.5, 0.45 * rows + 1.6))
-    waterfall(stages, ax=fig.subplots(), title=f"request {inspection.request_id!r} ({inspection.protocol}), from the trace file")
+    waterfall(
+        stages,
+        ax=fig.subplots(),
+        title=f"request {inspection.request_id!r} ({inspection.protocol}), from the trace file",
+    )
     fig.tight_layout()
     return png(fig)

@@ -19,6 +19,7 @@ from lab_backends.client import protocol as wire_protocol
 from lab_backends.digits.data import MAX_PIXEL, NUM_CLASSES, normalize
 from lab_backends.errors import ProtocolError
 
+
 def live_config(server: Any, model: str) -> Any:
     """The config ``model`` is served with, over plain REST (any thread may call this).
 

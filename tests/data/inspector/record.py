@@ -24,14 +24,15 @@ def main() -> None:
     from lab_backends.lessons.inspector import SEVEN, inspect, stroke
     from lab_backends.lessons.inspector.wire import fit_input
     from lab_backends.measure import stats, trace
-    from lab_backends.measure.sweep import apply_config
+    from lab_backends.server.config_changes import apply_config
     from lab_backends.server.triton_server import TritonServer
 
     image = stroke(SEVEN)
     models = ["digits_preprocess", "digits_onnx", "digits_postprocess", "digits_ensemble"]
     trace_file = Path(tempfile.mkdtemp(prefix="record-inspector-")) / "trace.json"
-    with TritonServer(models=models, trace_file=trace_file, trace_level=("TIMESTAMPS",), trace_rate=1,
-                      trace_log_frequency=1) as server:
+    with TritonServer(
+        models=models, trace_file=trace_file, trace_level=("TIMESTAMPS",), trace_rate=1, trace_log_frequency=1
+    ) as server:
         for step in ("digits_preprocess", "digits_onnx", "digits_postprocess"):
             apply_config(server, step, {"dynamic_batching": {"max_queue_delay_microseconds": 100_000}})
         inspect(server, "digits_ensemble", image, "gRPC", request_id="warmup")
@@ -42,16 +43,23 @@ def main() -> None:
         ids = {}
         exchanges = {}
         for label, binary in (("json", False), ("binary", True)):
-            ex = wire.http_exchange(server, "digits_onnx", {fit.name: fit.tensor}, binary=binary, request_id=f"one-{label}")
+            ex = wire.http_exchange(
+                server, "digits_onnx", {fit.name: fit.tensor}, binary=binary, request_id=f"one-{label}"
+            )
             ids[label] = f"one-{label}"
-            exchanges[label] = {"request_headers": ex.request_headers, "request_body": base64.b64encode(ex.request_body).decode(),
-                                "response_headers": ex.response_headers,
-                                "response_body": base64.b64encode(ex.response_body).decode()}
+            exchanges[label] = {
+                "request_headers": ex.request_headers,
+                "request_body": base64.b64encode(ex.request_body).decode(),
+                "response_headers": ex.response_headers,
+                "response_body": base64.b64encode(ex.response_body).decode(),
+            }
         gx = wire.grpc_exchange(server, "digits_onnx", {fit.name: fit.tensor}, request_id="one-grpc")
-        exchanges["grpc"] = {"request": base64.b64encode(gx.request.SerializeToString()).decode(),
-                             "response": base64.b64encode(gx.response.SerializeToString()).decode()}
+        exchanges["grpc"] = {
+            "request": base64.b64encode(gx.request.SerializeToString()).decode(),
+            "response": base64.b64encode(gx.response.SerializeToString()).decode(),
+        }
         wanted = {"burst", *burst.burst_ids, "one-json", "one-binary", "one-grpc"}
-        trace.load(trace_file, request_ids=wanted)
+        trace.read_trace(trace_file, request_ids=wanted)
         records = trace.read_records(trace_file)
     log = trace.TraceLog.from_records(records)
     keep = set(log.select(wanted).requests["trace_id"].astype(int))
@@ -59,8 +67,13 @@ def main() -> None:
     (HERE / "stats_before.json").write_text(json.dumps(before, indent=1) + "\n")
     (HERE / "stats_after.json").write_text(json.dumps(after, indent=1) + "\n")
     (HERE / "wire.json").write_text(json.dumps(exchanges, indent=1) + "\n")
-    (HERE / "meta.json").write_text(json.dumps({"burst": "burst", "copies": burst.burst_ids,
-                                                "largest_batch": burst.batch_size, "image": image.tolist()}, indent=1) + "\n")
+    (HERE / "meta.json").write_text(
+        json.dumps(
+            {"burst": "burst", "copies": burst.burst_ids, "largest_batch": burst.batch_size, "image": image.tolist()},
+            indent=1,
+        )
+        + "\n"
+    )
     print(burst.summary())
     print(burst.executions)
 
