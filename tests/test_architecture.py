@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("client", {"client"}),
     ("measure", {"measure"}),
     ("lessons", {"lessons"}),
-    ("entry", {"cli", "__init__"}),
+    ("entry", {"cli", "book", "__init__"}),
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 MAX_LINES = 350
