@@ -35,7 +35,7 @@ UPSTREAM_PREFIXES = (
 
 HEADING = "## Further reading"
 
-#: notebook number (the file name's first two characters) -> [(title, url, why it goes deeper)]
+#: notebook key (the file name before its first underscore) -> [(title, url, why it goes deeper)]
 LINKS: dict[str, list[tuple[str, str, str]]] = {
     "00": [
         ("Triton architecture", f"{SERVER}/docs/user_guide/architecture.md",
@@ -77,6 +77,19 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "the batcher itself: how a batch is formed and when it is sent"),
         ("Performance tuning", f"{SERVER}/docs/user_guide/performance_tuning.md",
          "measuring latency and throughput the way this notebook does, with perf_analyzer"),
+    ],
+    "03b": [
+        ("Ragged batching", f"{SERVER}/docs/user_guide/ragged_batching.md",
+         "allow_ragged_batch and the batch inputs that tell a backend where each request starts"),
+        ("Queue policy and priorities", f"{COMMON}/protobuf/model_config.proto",
+         "ModelQueuePolicy (max_queue_size, default_timeout_microseconds, allow_timeout_override) and "
+         "priority_levels, with a comment on every field"),
+        ("Instance groups", f"{SERVER}/docs/user_guide/model_configuration.md#instance-groups",
+         "count and kind of instances: the rows of the batch timeline"),
+        ("Python backend: one process per instance", f"{PYTHON_BACKEND}/README.md",
+         "the stub process of each instance, and why threads inside execute() do not add cores"),
+        ("dynamic_batch_scheduler.cc", f"{CORE}/src/dynamic_batch_scheduler.cc",
+         "where requests are queued, prioritised, timed out and handed to a free instance"),
     ],
     "04": [
         ("Python backend", f"{PYTHON_BACKEND}/README.md",
@@ -147,15 +160,28 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
         ("metric_model_reporter.cc", f"{CORE}/src/metric_model_reporter.cc",
          "which --metrics-config keys exist, and how summaries are created"),
     ],
+    "11": [
+        ("Trace", f"{SERVER}/docs/user_guide/trace.md",
+         "every timestamp of the waterfall, trace settings, and ensemble/BLS children"),
+        ("Binary tensor data extension", f"{SERVER}/docs/protocol/extension_binary_data.md",
+         "the REST binary body the inspector shows next to the JSON one"),
+        ("Ensemble models", f"{SERVER}/docs/user_guide/ensemble_models.md",
+         "the pipeline whose children the waterfall draws"),
+        ("Business logic scripting", f"{PYTHON_BACKEND}/README.md#business-logic-scripting",
+         "BLS: the same pipeline written in model.py"),
+        ("Statistics extension", f"{SERVER}/docs/protocol/extension_statistics.md",
+         "the counts behind the statistics delta of your send"),
+    ],
 }
 
 
 def _number(notebook: str | Path) -> str:
-    return Path(notebook).name[:2]
+    """The key of a notebook: its file name before the first underscore (``03b``, ``11``)."""
+    return Path(notebook).name.split("_", 1)[0]
 
 
 def links_for(notebook: str | Path) -> list[tuple[str, str, str]]:
-    """The links for one notebook (by its file name's two-digit number)."""
+    """The links for one notebook (by its key: ``03``, ``03b``, ``11``)."""
     number = _number(notebook)
     if number not in LINKS:
         raise LabBackendsError(
