@@ -21,15 +21,15 @@ def torch_logits(pixels: np.ndarray, path: Path = ARTIFACT_DIR / "model.pt") -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript: what libtorch serves
         model = torch.jit.load(str(path)).eval()
-    # One intra-op thread, as the served model.py pins it: another thread count splits the matrix
-    # products differently and moves float32 logits by ~4e-6, which is not what serving changed.
-    threads = torch.get_num_threads()
+    # One intra-op thread, as the served model.py pins it: the same kernels add in the same order, so
+    # the server's answer can be compared bit for bit (with 2 threads the sums differ by ~4e-6).
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
             return model(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))).numpy()
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def onnx_logits(pixels: np.ndarray, path: Path = ARTIFACT_DIR / "model.onnx") -> np.ndarray:
