@@ -29,8 +29,8 @@ def test_bound_is_stated_and_applies_to_every_sender():
 
 
 def test_load_generator_refuses_before_any_load():
-    from lab_backends.measure.loadgen import _make_sender
+    from lab_backends.measure.loadgen.senders import make_sender
 
     big = np.broadcast_to(np.float32(0), (limits.MAX_REQUEST_BYTES // 4 + 1,))
     with pytest.raises(RequestTooLargeError):
-        _make_sender(None, "grpc", "echo", {"INPUT0": big}, None, 1.0, 1)
+        make_sender(None, "grpc", "echo", {"INPUT0": big}, None, 1.0, 1)

@@ -19,6 +19,7 @@ from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, timeline_facts
 from lab_backends.measure.probe_load import probe_load
 from lab_backends.server.config_changes import apply_config
+from lab_backends.waiting import poll
 
 MODEL = "scheduler_probe"
 
@@ -145,15 +146,26 @@ def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
     from lab_backends.server import processes
 
     reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
-    rows = []
-    for pid in sorted(processes.children(server.pid)):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # exited since it was listed
-        script = Path(argv[1].decode()) if len(argv) > 1 else Path("")
-        rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
-                     "instance (reported)": reported.get(pid)})
+
+    def read() -> list[dict]:
+        rows = []
+        for pid in sorted(processes.children(server.pid)):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # exited since it was listed
+            script = Path(argv[1].decode()) if len(argv) > 1 else Path("")
+            rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
+                         "instance (reported)": reported.get(pid)})
+        return rows
+
+    def settled(rows: list[dict]) -> bool:
+        # After a reload Triton stops the previous instances' stubs a moment after the new ones
+        # serve: wait until every stub of the probed model is one that answered.
+        probed = {r["model"] for r in rows if r["instance (reported)"] is not None}
+        return all(r["instance (reported)"] is not None for r in rows if r["model"] in probed)
+
+    rows = poll(read, settled, 15, 0.1)
     return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (reported)"])
 
 
