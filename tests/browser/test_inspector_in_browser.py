@@ -9,14 +9,13 @@ error is shown. Screenshots go to ``test-artifacts/browser/inspector-*.png``.
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, ROOT, _kernel_idle, _no_errors, _run_menu, _wait
+from .test_lab_in_browser import ARTIFACTS, ROOT, _no_errors, _wait, notebook_in_chromium, run_stop_cell
 
 NOTEBOOK = ROOT / "notebooks" / "11_one_request_end_to_end.ipynb"
 #: The stroke of a 7 in pad cells (row, column), as a learner would drag it.
@@ -49,106 +48,40 @@ def _send(page: Any, panel: Any, protocol: str) -> str:
 @pytest.mark.server
 @pytest.mark.slow
 def test_inspector_notebook_in_chromium(lab: dict[str, Any], tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
+    with notebook_in_chromium(lab, NOTEBOOK, tmp_path, prefix="inspector-", run_all_s=120) as (page, stop_cell):
+        panel = page.locator(".lab-request-inspector").first
+        panel.scroll_into_view_if_needed()
+        panel.locator(".widget-button", has_text="Clear").first.click()
+        pad = panel.locator(".lab-digit-pad").first
+        pad.scroll_into_view_if_needed()
+        time.sleep(1.0)  # let the kernel's redraw of the cleared pad arrive
+        blank = pad.screenshot()
+        _draw(page, pad)
+        # The kernel paints the pad from the mouse events it received: a changed picture
+        # means the strokes reached the kernel's image, not only the browser.
+        _wait("the kernel to paint the strokes", lambda: pad.screenshot() != blank, 20)
+        page.screenshot(path=str(ARTIFACTS / "inspector-01-drawn.png"))
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    original = NOTEBOOK.read_bytes()
-    started = time.monotonic()
-    url = f"{lab['base']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}"
-    try:
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                user_data_dir=str(tmp_path / "chromium-profile"),
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=CHROMIUM_FLAGS,
-                viewport={"width": 1500, "height": 1100},
+        grpc_status = _send(page, panel, "gRPC")
+        binary_status = _send(page, panel, "REST binary")
+        for css in (".lab-inspector-answer", ".lab-inspector-waterfall"):
+            image = panel.locator(css).first
+            _wait(
+                f"{css} to show a picture",
+                lambda image=image: image.evaluate("img => img.naturalWidth > 0"),
+                20,
             )
-            try:
-                page = context.pages[0] if context.pages else context.new_page()
-                page.set_default_timeout(30_000)
-                page.goto(url)
-                page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=60_000)
-                _wait("the kernel to start", lambda: _kernel_idle(page), 60)
-                stop_cell = page.locator(".jp-CodeCell", has_text="server.stop()").last
-                first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
-                for attempt in range(3):  # on a loaded machine the menu click is sometimes lost: retry it
-                    stop_cell.locator(".jp-InputPrompt").click()
-                    _run_menu(page, "Run All Above Selected Cell")
-                    try:
-                        _wait(
-                            "the first cell to start", lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20
-                        )
-                        break
-                    except AssertionError:
-                        if attempt == 2:
-                            raise
-                exercise_output = page.locator(".jp-OutputArea-output", has_text="not attempted yet")
-                _wait(
-                    "the cells above server.stop() to run",
-                    lambda: (_no_errors(page), exercise_output.count() > 0 and _kernel_idle(page))[1],
-                    120,
-                    every_s=1.0,
-                )
-
-                panel = page.locator(".lab-request-inspector").first
-                panel.scroll_into_view_if_needed()
-                panel.locator(".widget-button", has_text="Clear").first.click()
-                pad = panel.locator(".lab-digit-pad").first
-                pad.scroll_into_view_if_needed()
-                time.sleep(1.0)  # let the kernel's redraw of the cleared pad arrive
-                blank = pad.screenshot()
-                _draw(page, pad)
-                # The kernel paints the pad from the mouse events it received: a changed picture
-                # means the strokes reached the kernel's image, not only the browser.
-                _wait("the kernel to paint the strokes", lambda: pad.screenshot() != blank, 20)
-                page.screenshot(path=str(ARTIFACTS / "inspector-01-drawn.png"))
-
-                grpc_status = _send(page, panel, "gRPC")
-                binary_status = _send(page, panel, "REST binary")
-                for css in (".lab-inspector-answer", ".lab-inspector-waterfall"):
-                    image = panel.locator(css).first
-                    _wait(
-                        f"{css} to show a picture",
-                        lambda image=image: image.evaluate("img => img.naturalWidth > 0"),
-                        20,
-                    )
-                wire_view = panel.locator(".lab-inspector-wire").first
-                _wait(
-                    "the wire view of the REST binary request",
-                    lambda: "Inference-Header-Content-Length" in wire_view.inner_text(),
-                    20,
-                )
-                wire = wire_view.inner_text()
-                assert "Inference-Header-Content-Length" in wire and "POST /v2/models/" in wire, wire[:500]
-                assert "Where each figure came from" in panel.locator(".lab-inspector-details").first.inner_text()
-                assert panel.locator(".widget-html span[style*='#b00020']").count() == 0
-                _no_errors(page)
-                panel.screenshot(path=str(ARTIFACTS / "inspector-02-panel.png"))
-                print(f"gRPC: {grpc_status}\nREST binary: {binary_status}")
-
-                stop_cell.locator(".jp-InputPrompt").click()
-                _run_menu(page, "Run Selected Cell")
-                _wait(
-                    "server.stop() to run",
-                    lambda: (
-                        _kernel_idle(page)
-                        and stop_cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[ ]:", "[*]:")
-                    ),
-                    30,
-                )
-                _no_errors(page)
-            except BaseException:
-                try:
-                    page.screenshot(path=str(ARTIFACTS / "inspector-failure.png"), full_page=True)
-                except Exception:  # noqa: BLE001 - the screenshot is a bonus, the failure is the point
-                    pass
-                raise
-            finally:
-                context.close()
-    finally:
-        if NOTEBOOK.read_bytes() != original:
-            NOTEBOOK.write_bytes(original)
-            pytest.fail(f"JupyterLab saved {NOTEBOOK.name} during the test; restored the stored version")
-        shutil.copy(lab["log"], ARTIFACTS / "jupyterlab-inspector.log")
-    print(f"inspector browser test took {time.monotonic() - started:.0f} s; screenshots in {ARTIFACTS}")
+        wire_view = panel.locator(".lab-inspector-wire").first
+        _wait(
+            "the wire view of the REST binary request",
+            lambda: "Inference-Header-Content-Length" in wire_view.inner_text(),
+            20,
+        )
+        wire = wire_view.inner_text()
+        assert "Inference-Header-Content-Length" in wire and "POST /v2/models/" in wire, wire[:500]
+        assert "Where each figure came from" in panel.locator(".lab-inspector-details").first.inner_text()
+        assert panel.locator(".widget-html span[style*='#b00020']").count() == 0
+        _no_errors(page)
+        panel.screenshot(path=str(ARTIFACTS / "inspector-02-panel.png"))
+        print(f"gRPC: {grpc_status}\nREST binary: {binary_status}")
+        run_stop_cell(page, stop_cell)
