@@ -92,7 +92,7 @@ def main(paths: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     target = OUT / "footprint.json"
     results = json.loads(target.read_text()) if target.exists() else {}
-    notebooks = [Path(p) for p in paths] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [Path(p) for p in paths] or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     for nb in notebooks:
         print(f"{nb.name} ...", flush=True)
         results[nb.stem] = run_one(nb)

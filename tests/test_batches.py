@@ -246,3 +246,38 @@ def test_live_batch_dimension_error_names_the_expected_shape(live) -> None:
     with pytest.raises(InferenceServerException, match=r"Expected \[-1,4\], got \[4\]"):
         infer(server, MODEL, {"INPUT0": np.ones(4, np.float32)})
     assert infer(server, MODEL, {"INPUT0": np.ones((1, 4), np.float32)})["OUTPUT0"].shape == (1, 4)
+
+
+def test_stalls_count_only_the_half_second_gaps() -> None:
+    # Response times (s) recorded on 2.51: 12-request bursts at one instance, two requests per batch,
+    # ~12 ms per batch. Without a queue policy the batches follow each other; with max_queue_size
+    # the same burst stalled twice, then four times.
+    plain = [0.012, 0.025, 0.025, 0.037, 0.037, 0.048, 0.049, 0.06, 0.061, 0.072, 0.073, 0.084]
+    policy = [0.012, 0.525, 0.526, 0.538, 0.538, 0.551, 0.551, 0.562, 0.563, 1.063, 1.064, 1.075]
+    worse = [0.017, 0.018, 0.514, 0.514, 0.526, 0.527, 1.027, 1.027, 1.527, 1.528, 2.027, 2.028]
+    assert scheduler.stalls(plain) == 0
+    assert scheduler.stalls(policy) == 2
+    assert scheduler.stalls(list(reversed(worse))) == 4  # order of arrival does not matter
+    assert scheduler.stalls([0.0, 0.9]) == 0  # longer than the batcher's wait: something else
+
+
+@pytest.mark.server
+@pytest.mark.upstream
+def test_upstream_queue_policy_stalls_the_batcher_half_a_second(live) -> None:
+    """Triton 2.51: with a queue policy the batcher sometimes sleeps its 500 ms wait with requests queued.
+
+    A race (see ``scheduler.policy_stalls``), so it is counted over 8 bursts of 6 batches (40 gaps):
+    measured here, about a third of the gaps stalled with a policy and none without. 03b's
+    queue-policy note explains it to learners. When this fails, an upgrade fixed it: drop the note
+    and this test.
+    """
+    server, shipped = live
+    plain = scheduler.policy_stalls(server, shipped, {})
+    policy = scheduler.policy_stalls(server, shipped, {"default_queue_policy": {"max_queue_size": 100}})
+    assert (plain["served"] == 12).all() and (policy["served"] == 12).all()
+    assert policy["stalls"].sum() >= 1, (
+        f"no ~0.5 s batcher stall in {len(policy)} bursts with a queue policy (spans {policy['span_ms'].tolist()} ms; "
+        "on 2.51 about a third of the gaps stalled): the upstream race seems fixed; "
+        "update 03b's note and drop this test")
+    assert plain["stalls"].sum() < policy["stalls"].sum(), (
+        f"without a policy the batcher stalled as often ({plain['stalls'].sum()}) as with one: machine too busy?")

@@ -73,3 +73,12 @@ def test_measured_footprint_feeds_the_command(capsys: pytest.CaptureFixture[str]
 def test_missing_footprint_says_how_to_make_it(tmp_path) -> None:
     with pytest.raises(LabBackendsError, match="measure_footprint.py"):
         class_plan.load_footprint(tmp_path / "none.json")
+
+
+def test_footprint_counts_requests_across_a_model_reload() -> None:
+    from lab_backends.measure.footprint import interval_counts
+
+    assert interval_counts((10, 500, 300, 4), (16, 800, 420, 6)) == (6, 300, 120, 2)
+    # A config change reloaded the model: Triton restarted its statistics at zero.
+    assert interval_counts((120, 9000, 5000, 30), (7, 350, 200, 2)) == (7, 350, 200, 2)
+    assert interval_counts((0, 0, 0, 0), (0, 0, 0, 0)) == (0, 0, 0, 0)

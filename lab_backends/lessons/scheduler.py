@@ -197,3 +197,35 @@ def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model
                      "cores_per_execute": answers["cores"].mean(), "max_cores_per_execute": answers["cores"].max(),
                      "stub_processes": answers["pid"].nunique(), "errors": int((~answers["ok"]).sum())})
     return pd.DataFrame(rows).set_index("config")
+
+
+#: A gap between two responses of one burst that is this Triton's 500 ms batcher wait, not work.
+STALL_MS = (400.0, 700.0)
+
+
+def stalls(done_s: Any) -> int:
+    """How many gaps between consecutive responses of a burst fall in :data:`STALL_MS`."""
+    done = np.sort(np.asarray(done_s, dtype=float))
+    gaps = np.diff(done) * 1000
+    return int(((gaps >= STALL_MS[0]) & (gaps <= STALL_MS[1])).sum())
+
+
+def policy_stalls(server: Any, base: Any, dynamic_batching: Mapping[str, Any], bursts: int = 8, burst: int = 12,
+                  model: str = MODEL) -> pd.DataFrame:
+    """``bursts`` bursts at one instance, two requests per batch: per burst, its span and its ~0.5 s stalls.
+
+    Why this exists: on Triton 2.51 a model with any queue policy (``max_queue_size``, a timeout,
+    priority levels) loses the batcher's prefetching, and the batcher then waits for a *free
+    instance* with a 500 ms timeout (``WaitForPayloadSlotAvailable`` in core's
+    ``dynamic_batch_scheduler.cc``). The wake-up sent when a batch completes can come before the
+    instance counts itself free again, and the batcher then sleeps the whole 500 ms with requests
+    queued. It is a race, so it shows in some gaps, not all: measure several bursts.
+    """
+    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
+                    "dynamic_batching": dict(dynamic_batching)}, base, model, warm=2)
+    rows = []
+    for i in range(bursts):
+        answers = probe_load(server, model, burst, concurrency=burst, prefix=f"stall-{i}")
+        rows.append({"burst": i, "served": int(answers["ok"].sum()),
+                     "span_ms": round(answers["done_s"].max() * 1000, 1), "stalls": stalls(answers["done_s"])})
+    return pd.DataFrame(rows).set_index("burst")

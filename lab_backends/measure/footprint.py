@@ -102,6 +102,18 @@ def _model_totals(server: ServerSeen) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def interval_counts(before: tuple[int, ...], now: tuple[int, ...]) -> tuple[int, ...]:
+    """What one model's cumulative counters gained between two snapshots, field by field.
+
+    Why not a plain difference: a config change reloads the model and Triton restarts its
+    statistics at zero, so a count that went down means "reloaded since": everything counted now
+    is new (requests served between the last snapshot and the reload are the only ones missed).
+    """
+    if now and before and now[0] < before[0]:
+        before = (0,) * len(now)
+    return tuple(a - b for a, b in zip(now, before))
+
+
 class Sampler:
     """Call :meth:`sample` every ``interval_s`` while the run lasts, then :meth:`result`."""
 
@@ -145,17 +157,17 @@ class Sampler:
         self.fp.peak_kernel_rss_mb = max(self.fp.peak_kernel_rss_mb, kernel_rss / 2**20)
         dt = max(now - self._t_last, 1e-3)
         for server in self._servers.values():
-            for model, (n, ns, compute, execs) in _model_totals(server).items():
-                n0, ns0, compute0, execs0 = server.last.get(model, (0, 0, 0, 0))
-                if n > n0:
+            for model, totals in _model_totals(server).items():
+                requests, ns, compute, execs = interval_counts(server.last.get(model, (0, 0, 0, 0)), totals)
+                if requests > 0:
                     # Every request of a batch is charged the batch's compute time: the instance was
                     # busy for compute / (requests per execution).
-                    busy = (compute - compute0) * max(execs - execs0, 1) // (n - n0)
-                    self.fp.stream.append([round(now, 2), model, n - n0, ns - ns0, busy])
-                    self.fp.requests[model] = self.fp.requests.get(model, 0) + n - n0
-                    conc = (ns - ns0) / 1e9 / dt
+                    busy = compute * max(execs, 1) // requests
+                    self.fp.stream.append([round(now, 2), model, requests, ns, busy])
+                    self.fp.requests[model] = self.fp.requests.get(model, 0) + requests
+                    conc = ns / 1e9 / dt
                     self.fp.peak_concurrency[model] = round(max(self.fp.peak_concurrency.get(model, 0.0), conc), 2)
-                server.last[model] = (n, ns, compute, execs)
+                server.last[model] = totals
         self._t_last = now
 
     def result(self) -> Footprint:
