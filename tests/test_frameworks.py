@@ -64,6 +64,20 @@ def test_cpu_server_is_reported_without_gpu(server) -> None:
     assert set(kinds["instances"]) == {"KIND_CPU x1"} and set(kinds["backend"]) == {"python"}
 
 
+@pytest.mark.server
+def test_gpu_status_without_the_admin_key_asks_each_model(server) -> None:
+    """A learner on a class's shared server has no admin key: the repository index is refused (403),
+    so the GPU check falls back to the open per-model readiness endpoint instead of failing."""
+    from lab_backends.server.triton_server import TritonServer
+
+    learner = TritonServer(url=f"http://{server.http_url}", grpc_url=server.grpc_url, target="remote",
+                           admin_key="not-the-key").start()
+    with pytest.raises(Exception, match="403"):
+        learner.repository_index()
+    status = frameworks.gpu_status(learner)
+    assert not status.has_gpu and status.native_ready == [] and "NO GPU" in status.message()
+
+
 def test_thread_timings_same_answer_any_thread_count() -> None:
     import torch
 

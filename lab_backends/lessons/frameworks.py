@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lab_backends.errors import LabBackendsError
+from lab_backends.errors import LabBackendsError, RemoteServerError
 from lab_backends.server.running import RunningServer
 
 #: The Python-wrapped models, by framework.
@@ -255,7 +255,12 @@ def gpu_status(server: RunningServer) -> GpuStatus:
     if gpu_lines:
         uuids = sorted({ln.split('gpu_uuid="', 1)[1].split('"', 1)[0] for ln in gpu_lines if 'gpu_uuid="' in ln})
         evidence.append(f"{len(uuids) or 'some'} GPU(s) in nv_gpu_* metrics")
-    index = {entry["name"]: entry for entry in server.repository_index()}
+    try:
+        index = {entry["name"]: entry for entry in server.repository_index()}
+    except RemoteServerError:
+        # A class's shared server keeps the repository API (and its admin key) from learners; the
+        # per-model readiness endpoint is open, so ask each native model instead (no reasons then).
+        index = {m: {"state": "READY"} for m in NATIVE if server.model_ready(m)}
     ready = [m for m in NATIVE if index.get(m, {}).get("state") == "READY"]
     broken = {m: index[m].get("reason") or index[m].get("state", "?") for m in NATIVE if m in index and m not in ready}
     if ready:

@@ -54,7 +54,7 @@ def local_notebooks(folder: Path = PROJECT_ROOT / "notebooks") -> set[str]:
     the plan follows the lessons as they are written.
     """
     found = set()
-    for path in folder.glob("[0-9][0-9]_*.ipynb"):
+    for path in folder.glob("[0-9][0-9]*_*.ipynb"):
         cells = json.loads(path.read_text())["cells"]
         code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
         if "fallback_target(" in code or 'target="local"' in code:

@@ -183,6 +183,7 @@ SHARED_LIMITS = {
     "model-control": "loading and unloading models changes the server for the whole class",
     "config-override": "a config override reloads the model for the whole class",
     "c-backend": "a C backend built in your pod cannot be loaded into the shared server",
+    "repository": "the repository index is a restricted API, and the shared server keeps its admin key from learners",
 }
 
 
