@@ -23,13 +23,13 @@ from lab_backends.measure import class_plan  # noqa: E402
 from lab_backends.measure.replay import replay  # noqa: E402
 from lab_backends.server.triton_server import TritonServer  # noqa: E402
 
-MODELS = ("cost_model", "echo")
+MODELS = ("cost_model", "echo", "digits_onnx", "digits_torch")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--learners", type=int, default=8)
-    parser.add_argument("--notebooks", default="01_rest_and_grpc,10_observability_and_caching")
+    parser.add_argument("--notebooks", default="01_rest_and_grpc,05_wrapping_frameworks")
     args = parser.parse_args()
     footprint = class_plan.load_footprint()
     subset = {}
