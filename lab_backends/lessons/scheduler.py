@@ -29,11 +29,17 @@ def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MOD
     """Reload ``model`` with ``override`` on ``base``, then send ``warm`` requests per instance.
 
     The warm-up must be served: a refused one would mean the experiment measures a broken model.
+    It is not part of the experiment, so when the config lets a request set its own queue timeout
+    it asks for a long one: with a queue policy the batcher can idle 0.5 s between two requests
+    (:func:`policy_stalls`), which would expire a warm-up under a 100 ms default timeout.
     """
     config = apply_config(server, model, dict(override), base)
     count = sum(g.count or 1 for g in config.instance_group) or 1
     if warm:
-        answers = probe_load(server, model, warm * count, concurrency=count, prefix="warm", inputs=inputs)
+        policy = config.dynamic_batching.default_queue_policy
+        timeout_us = 10_000_000 if policy.allow_timeout_override else None
+        answers = probe_load(server, model, warm * count, concurrency=count, prefix="warm", inputs=inputs,
+                             timeout_us=timeout_us)
         if not answers["ok"].all():
             raise LoadSettingError(f"{model!r} refused its warm-up after the reload: {answers['error'].iloc[0]}")
     return config
