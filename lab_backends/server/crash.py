@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Any, Callable
 
-from lab_backends.errors import ServerCrashed
+from lab_backends.errors import LabBackendsError, ServerCrashed
 
 #: Lines of a C++ stack dump ("12# 0x00007F... in /lib/...") say nothing to a learner.
 _FRAME = re.compile(r"^\s*\d+# ")
@@ -91,20 +91,32 @@ def supervise(
     Returns 0 when ``should_stop()`` says so (or a KeyboardInterrupt arrives).
     """
     crashes: list[float] = []
+    failed_start: LabBackendsError | None = None
     while not should_stop():
-        code = crashed(server)
-        if code is None:
-            time.sleep(0.2)
-            continue
+        if failed_start is not None:
+            # The restart failed: it died again before it was ready (the same attacker, a model that
+            # crashes while loading), or its port was taken meanwhile. One more failure, counted
+            # against the bound like a crash, so supervision neither dies with it nor loops forever.
+            message, failed_start = f"the restart failed: {failed_start}", None
+        else:
+            code = crashed(server)
+            if code is None:
+                time.sleep(0.2)
+                continue
+            message = str(crash_error(server, code))
         now = time.monotonic()
         crashes = [t for t in crashes if now - t < 60] + [now]
-        report(str(crash_error(server, code)))
+        report(message)
         if len(crashes) > max_per_minute:
             report(f"{len(crashes)} crashes within a minute: not restarting again")
             return 1
         delay = min(backoff_s * 2 ** (len(crashes) - 1), 30.0)  # calm minutes reset the backoff
         report(f"restarting in {delay:.0f} s ({len(crashes)} crash(es) in the last minute)")
         time.sleep(delay)
-        server.restart()
+        try:
+            server.restart()
+        except LabBackendsError as exc:
+            failed_start = exc
+            continue
         report(f"restarted: pid {server.pid}, HTTP {server.http_url}, gRPC {server.grpc_url}")
     return 0

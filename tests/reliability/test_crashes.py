@@ -131,13 +131,50 @@ def test_supervisor_restarts_then_gives_up_when_crashes_repeat(crash_server):
         pid = crash_server.pid
         _post(crash_server, "rel_double", NESTED, {"Content-Type": "text/plain"})
         if round_ == 0:
-            assert poll(lambda: crash_server.pid != pid and crash_server.is_ready(), bool, 60, 0.2), reports
+            # Wait for the supervisor's own "restarted", not only for readiness: crashing the new
+            # server while restart() still waits for it is the other path (a failed restart).
+            assert poll(lambda: any(r.startswith("restarted") for r in reports), bool, 60, 0.2), reports
+            assert crash_server.pid != pid
             known_good(crash_server)
     runner.join(timeout=60)
     assert outcome == [1], reports
     assert sum("SIGSEGV" in r for r in reports) == 2 and sum(r.startswith("restarted") for r in reports) == 1
     assert "not restarting again" in reports[-1]
     crash_server.restart()  # leave the module's server serving
+    known_good(crash_server)
+
+
+def test_supervisor_counts_a_failed_restart_against_the_bound(crash_server):
+    """A restart that fails (here: the dead server's HTTP port was taken meanwhile; a server that
+    dies again before it is ready takes the same path) is one more failure for the bound, not an
+    exception that ends supervision with a traceback."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    from lab_backends.server.crash import supervise
+
+    reports: list[str] = []
+    outcome: list[int] = []
+    port = crash_server.http_port
+    squatter = socket.socket()
+    try:
+        os.kill(crash_server.pid, signal.SIGKILL)  # a real death; the supervisor sees it on its next look
+        assert poll(lambda: crash_server.process.poll() is not None, bool, 10, 0.05)
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        runner = threading.Thread(target=lambda: outcome.append(
+            supervise(crash_server, max_per_minute=1, report=reports.append, backoff_s=0.1)), daemon=True)
+        runner.start()
+        runner.join(timeout=120)
+    finally:
+        squatter.close()
+    assert outcome == [1], reports
+    assert any(r.startswith("the restart failed") and "already in use" in r for r in reports), reports
+    assert "not restarting again" in reports[-1]
+    crash_server.restart()  # the port is free again: leave the module's server serving
     known_good(crash_server)
 
 
