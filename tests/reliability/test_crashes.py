@@ -55,6 +55,15 @@ def crash_server():
         yield server
 
 
+@pytest.fixture(autouse=True)
+def _serving_after(crash_server):
+    """Whatever a test did to the shared server, the next one finds it serving: a failed assertion
+    in one crash test must not become a ConnectionRefused in the next."""
+    yield
+    if not crash_server.is_ready():
+        crash_server.restart()
+
+
 def _post(server: TritonServer, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes] | None:
     try:
         return rest.request(f"http://{server.http_url}/v2/models/{model}/infer", "POST", body, headers, 15)
