@@ -8,6 +8,15 @@ from pathlib import Path
 #: The repository root (the folder that holds ``pyproject.toml``).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+#: The lessons: ``NN_topic.ipynb`` at the top of this folder (exercises/ and solutions/ below it are not).
+NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+
+
+def lesson_notebooks() -> list[Path]:
+    """Every lesson notebook, in course order (a new notebook is picked up without listing it)."""
+    return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+
 #: The default model repository served by ``TritonServer()``.
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 

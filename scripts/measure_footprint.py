@@ -21,26 +21,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lab_backends.measure.footprint import Sampler  # noqa: E402
+from lab_backends.paths import lesson_notebooks  # noqa: E402
 
 OUT = ROOT / "bench" / "scale"
 LIMIT_S = 900
 
 
+def nbval_command(notebook: Path) -> list[str]:
+    """One notebook under nbval as `make test` runs it (a longer cell timeout: this measures, CI gates)."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+            "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=300", str(notebook)]
+
+
 def run_one(notebook: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_FAST": os.environ.get("LAB_FAST", "1")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--nbval-lax",
-        "--nbval-sanitize-with",
-        "tests/nbval_sanitize.cfg",
-        "--nbval-cell-timeout=300",
-        str(notebook),
-    ]
+    cmd = nbval_command(notebook)
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -92,7 +87,7 @@ def main(paths: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     target = OUT / "footprint.json"
     results = json.loads(target.read_text()) if target.exists() else {}
-    notebooks = [Path(p) for p in paths] or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    notebooks = [Path(p) for p in paths] or lesson_notebooks()
     for nb in notebooks:
         print(f"{nb.name} ...", flush=True)
         results[nb.stem] = run_one(nb)

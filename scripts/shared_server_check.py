@@ -22,28 +22,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from measure_footprint import nbval_command  # noqa: E402  (this folder is on sys.path when run as a script)
+
+from lab_backends.paths import lesson_notebooks  # noqa: E402
 from lab_backends.server.triton_server import TritonServer  # noqa: E402
 
 #: What deploy/'s shared Triton keeps behind the admin key (statistics stay open for the lessons).
 DEPLOY_RESTRICTED = ("model-repository", "trace", "shared-memory", "logging")
-MODELS = ["echo", "cost_model", "digits_preprocess", "digits_preprocess_c", "digits_onnx", "digits_torch",
-          "digits_postprocess", "digits_ensemble", "digits_ensemble_c", "digits_bls", "stream_topk", "running_mean",
-          "scheduler_probe", "ragged_probe", "gil_spin", "digits_logreg", "digits_forest", "c_scale"]
 
 
 def main(paths: list[str]) -> int:
-    notebooks = [Path(p) for p in paths] or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    notebooks = [Path(p) for p in paths] or lesson_notebooks()
     failed = 0
-    with TritonServer(models=MODELS, target="local", restricted_apis=DEPLOY_RESTRICTED) as shared:
+    # models=None: every model of the repository, as deploy/'s shared server loads them.
+    with TritonServer(models=None, target="local", restricted_apis=DEPLOY_RESTRICTED) as shared:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_ADMIN_KEY"}
         env.update(TRITON_URL=f"http://{shared.http_url}", TRITON_GRPC_URL=shared.grpc_url,
                    TRITON_METRICS_URL=shared.metrics_url, LAB_FAST=env.get("LAB_FAST", "1"), PYTHONPATH=str(ROOT))
         print(f"shared server: {shared.http_url} (no admin key given to the notebooks)", flush=True)
         for notebook in notebooks:
             started = time.monotonic()
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                                  "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=300",
-                                  str(notebook)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            run = subprocess.run(nbval_command(notebook), cwd=ROOT, env=env, capture_output=True, text=True,
+                                 timeout=900)
             last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
             verdict = "ok" if run.returncode == 0 else "FAILED"
             print(f"{notebook.name}: {verdict} in {time.monotonic() - started:.0f} s: {last}", flush=True)

@@ -87,18 +87,15 @@ def test_footprint_counts_requests_across_a_model_reload() -> None:
 def test_notebooks_that_change_models_do_not_use_a_shared_server() -> None:
     """A lesson that reloads, loads or overrides a model would change it for the whole class: on a
     shared server (TRITON_URL, no admin key) it must fall back to the learner's embedded Triton."""
-    import json
     import re
+
+    from lab_backends.paths import lesson_notebooks
 
     changes = re.compile(r"apply_config\(|load_model\(|repository_index\(|unload_model\(|reload\(|enable_cache\(|"
                          r"rate_limited\(|upload_model\(|_burst\(|gil_compare\(|batch_timeline\(")
     local = class_plan.local_notebooks()
-    offenders = []
-    for path in sorted((class_plan.PROJECT_ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
-        cells = json.loads(path.read_text())["cells"]
-        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        if changes.search(code) and path.stem not in local:
-            offenders.append(path.stem)
+    offenders = [path.stem for path in lesson_notebooks()
+                 if changes.search(class_plan.notebook_code(path)) and path.stem not in local]
     assert not offenders, f"these notebooks change models but would run on a shared server: {offenders}"
     assert {"00_architecture", "03b_inside_the_scheduler", "10_observability_and_caching",
             "11_one_request_end_to_end"} <= local
@@ -107,21 +104,21 @@ def test_notebooks_that_change_models_do_not_use_a_shared_server() -> None:
 def test_servers_with_their_own_backends_or_repository_never_follow_triton_url() -> None:
     """``TritonServer(...)`` with a ``backend_dir`` or its own repository only makes sense locally; without
     ``target=`` it would follow TRITON_URL to the shared server (the lessons would then miss their models)."""
-    import json
     import re
 
+    from lab_backends.paths import lesson_notebooks
+
     missing = []
-    for path in sorted((class_plan.PROJECT_ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
-            source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
-            for start in (m.end() for m in re.finditer(r"TritonServer\(", source)):
-                depth, end = 1, start
-                while depth and end < len(source):
-                    depth += {"(": 1, ")": -1}.get(source[end], 0)
-                    end += 1
-                call = source[start:end]
-                own = ("backend_dir=" in call or "model_repository=" in call
-                       or not call.lstrip().startswith(("models=", ")")))
-                if own and "target=" not in call:
-                    missing.append(f"{path.stem}: TritonServer({call.strip()[:60]}")
+    for path in lesson_notebooks():
+        source = class_plan.notebook_code(path)
+        for start in (m.end() for m in re.finditer(r"TritonServer\(", source)):
+            depth, end = 1, start
+            while depth and end < len(source):
+                depth += {"(": 1, ")": -1}.get(source[end], 0)
+                end += 1
+            call = source[start:end]
+            own = ("backend_dir=" in call or "model_repository=" in call
+                   or not call.lstrip().startswith(("models=", ")")))
+            if own and "target=" not in call:
+                missing.append(f"{path.stem}: TritonServer({call.strip()[:60]}")
     assert not missing, "these servers would follow TRITON_URL; pass target=...:\n" + "\n".join(missing)

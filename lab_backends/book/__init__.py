@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lab_backends.paths import BUILD_DIR, PROJECT_ROOT
-
-NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+from lab_backends.paths import BUILD_DIR, lesson_notebooks
 
 
 def executed_dir() -> Path:
@@ -31,4 +29,4 @@ def book_dir() -> Path:
 
 def lessons() -> list[Path]:
     """Every lesson: ``notebooks/*.ipynb`` (a new notebook is picked up without listing it)."""
-    return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+    return lesson_notebooks()

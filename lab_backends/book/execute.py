@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from lab_backends.book import NOTEBOOK_DIR, executed_dir, lessons
+from lab_backends.book import executed_dir, lessons
+from lab_backends.paths import NOTEBOOK_DIR
 
 #: Per-cell limit: the longest full-size cells (loads, the one-minute summary window) fit well inside.
 CELL_TIMEOUT_S = 600

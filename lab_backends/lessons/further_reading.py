@@ -233,9 +233,9 @@ def append(path: str | Path) -> bool:
 
 def main(argv: list[str]) -> int:
     """``python -m lab_backends.lessons.further_reading [NOTEBOOK ...]`` (default: notebooks/*.ipynb)."""
-    from lab_backends.paths import PROJECT_ROOT
+    from lab_backends.paths import lesson_notebooks
 
-    paths = [Path(a) for a in argv] or sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))
+    paths = [Path(a) for a in argv] or lesson_notebooks()
     for path in paths:
         print(("rewrote " if append(path) else "unchanged ") + str(path))
     return 0

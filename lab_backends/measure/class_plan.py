@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lab_backends.errors import LabBackendsError
-from lab_backends.paths import PROJECT_ROOT
+from lab_backends.paths import PROJECT_ROOT, lesson_notebooks
 
 FOOTPRINT = PROJECT_ROOT / "bench" / "scale" / "footprint.json"
 INTERVAL_S = 0.5
@@ -47,19 +47,20 @@ def load_footprint(path: Path = FOOTPRINT) -> dict[str, dict[str, Any]]:
     return json.loads(path.read_text())
 
 
-def local_notebooks(folder: Path = PROJECT_ROOT / "notebooks") -> set[str]:
+def notebook_code(path: Path) -> str:
+    """A notebook's code cells, one after the other (markdown left out: prose may name any call)."""
+    cells = json.loads(path.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def local_notebooks() -> set[str]:
     """Notebooks that never use the shared server: they pin ``target="local"`` or fall back to it.
 
     Read from the notebooks themselves (``fallback_target(`` / ``target="local"`` in a code cell), so
     the plan follows the lessons as they are written.
     """
-    found = set()
-    for path in folder.glob("[0-9][0-9]*_*.ipynb"):
-        cells = json.loads(path.read_text())["cells"]
-        code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        if "fallback_target(" in code or 'target="local"' in code:
-            found.add(path.stem)
-    return found
+    return {path.stem for path in lesson_notebooks()
+            if "fallback_target(" in (code := notebook_code(path)) or 'target="local"' in code}
 
 
 def service_times(footprint: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,6 +54,18 @@ def crash_server():
     build_all()  # c_scale must carry the overflow check of lab_backend_util.h (rebuilt only if stale)
     with TritonServer(REPOSITORIES, models=["rel_double", "echo", "c_scale"]) as server:
         yield server
+
+
+def _supervise_in_background(server: TritonServer, reports: list[str], outcome: list[int]) -> Any:
+    """``supervise`` bounded at one crash a minute, on a thread: its reports and return value land in the lists."""
+    import threading
+
+    from lab_backends.server.crash import supervise
+
+    runner = threading.Thread(target=lambda: outcome.append(
+        supervise(server, max_per_minute=1, report=reports.append, backoff_s=0.1)), daemon=True)
+    runner.start()
+    return runner
 
 
 @pytest.fixture(autouse=True)
@@ -127,15 +140,9 @@ def test_c_helper_refuses_an_overflowing_shape(crash_server):
 @pytest.mark.upstream
 def test_supervisor_restarts_then_gives_up_when_crashes_repeat(crash_server):
     """``serve --restart``'s loop: one crash a minute is restarted, a second one is too many (bound 1)."""
-    import threading
-
-    from lab_backends.server.crash import supervise
-
     reports: list[str] = []
     outcome: list[int] = []
-    runner = threading.Thread(target=lambda: outcome.append(
-        supervise(crash_server, max_per_minute=1, report=reports.append, backoff_s=0.1)), daemon=True)
-    runner.start()
+    runner = _supervise_in_background(crash_server, reports, outcome)
     for round_ in range(2):
         pid = crash_server.pid
         _post(crash_server, "rel_double", NESTED, {"Content-Type": "text/plain"})
@@ -160,9 +167,6 @@ def test_supervisor_counts_a_failed_restart_against_the_bound(crash_server):
     import os
     import signal
     import socket
-    import threading
-
-    from lab_backends.server.crash import supervise
 
     reports: list[str] = []
     outcome: list[int] = []
@@ -174,10 +178,7 @@ def test_supervisor_counts_a_failed_restart_against_the_bound(crash_server):
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
-        runner = threading.Thread(target=lambda: outcome.append(
-            supervise(crash_server, max_per_minute=1, report=reports.append, backoff_s=0.1)), daemon=True)
-        runner.start()
-        runner.join(timeout=120)
+        _supervise_in_background(crash_server, reports, outcome).join(timeout=120)
     finally:
         squatter.close()
     assert outcome == [1], reports
