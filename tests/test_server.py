@@ -19,6 +19,7 @@ import pytest
 from lab_backends.client.infer import infer
 from lab_backends.errors import (
     EnvironmentMismatchError,
+    LabBackendsError,
     ModelLoadError,
     PortInUseError,
     RemoteServerError,
@@ -341,3 +342,15 @@ def test_refused_load_quotes_tritons_reason(start_server):
     assert "preferred size must be <= max batch size" in str(info.value), str(info.value)
     x = _payload(1)
     np.testing.assert_array_equal(infer(server, "cost_model", {"INPUT0": x})["OUTPUT0"], x)
+
+
+def test_own_folders_never_follow_triton_url_silently(monkeypatch, tmp_path) -> None:
+    """With TRITON_URL set, a server given its own repository or backends must say it cannot be the
+    remote one, instead of serving the lesson from the remote server's models."""
+    monkeypatch.setenv("TRITON_URL", "http://127.0.0.1:9")
+    for own in ({"model_repository": tmp_path}, {"backend_dir": tmp_path}):
+        with pytest.raises(LabBackendsError, match='target="local"') as refused:
+            TritonServer(**own)
+        assert next(iter(own)) in str(refused.value)
+    assert TritonServer(tmp_path, backend_dir=tmp_path, target="local").target == "local"  # nothing starts
+    assert TritonServer(models=["echo"]).target == "remote"  # the shared server, as before

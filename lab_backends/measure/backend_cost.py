@@ -129,7 +129,7 @@ def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = F
     requests, duration_s = (400, 3.0) if quick else (3000, 10.0)
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
         repo, backends = prepare(tmp)
-        with TritonServer(repo, models=list(MODELS.values()), backend_dir=backends) as server:
+        with TritonServer(repo, models=list(MODELS.values()), backend_dir=backends, target="local") as server:
             frame = measure(server, requests, duration_s, log=log)
     frame.to_csv(out_dir / "backends.csv", index=False, float_format="%.4g")
     figure(frame).savefig(out_dir / "backends.png", dpi=110)

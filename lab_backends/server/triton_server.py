@@ -80,6 +80,17 @@ class TritonServer:
         **options: Any,
     ) -> None:
         if target is None:
+            own = [name for name, value in (("model_repository", model_repository), ("backend_dir", backend_dir))
+                   if value is not None]
+            if own and not url and os.environ.get("TRITON_URL"):
+                # A server that already runs never sees our folders: following TRITON_URL here would
+                # serve the lesson from the wrong models (or a 403), far from this line.
+                raise LabBackendsError(
+                    f"TritonServer({', '.join(own)}=...) without a target, while TRITON_URL is set: the server "
+                    f"at {os.environ['TRITON_URL']} cannot see your {' or '.join(own)}. Pass target=\"local\" to "
+                    "start your own embedded server with them (in a lesson: target=fallback_target(...)), or "
+                    "leave them out to use the server at TRITON_URL"
+                )
             target = "remote" if (url or os.environ.get("TRITON_URL")) else "local"
         if target not in TARGETS:
             raise LabBackendsError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")

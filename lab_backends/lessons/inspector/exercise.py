@@ -71,6 +71,7 @@ def check_batch_of_eight(answer: Any, server: Any = None) -> str:
             trace_level=("TIMESTAMPS",),
             trace_rate=1,
             trace_log_frequency=1,
+            target="local",  # it reloads the model with your config and reads its own trace file
         ) as own:
             tuned = _checked_config(own.model_config(MODEL), answer)
             try:
