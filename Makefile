@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup lab test bench clean-build browser-deps book
+.PHONY: setup lab test bench clean-build browser-deps book flake
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,3 +65,9 @@ clean-build:
 bench: setup
 	@command -v wrk >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y wrk || { apt-get update && apt-get install -y wrk; }; else sudo apt-get install -y wrk; fi; }
 	$(VENV)/bin/lab-backends bench batching $(BENCH_ARGS)
+
+# The flake hunt (not a test): the notebooks as `make test` runs them, K rounds, next to N busy cores;
+# per-cell outcomes in bench/flakes.csv, failures per item in bench/flakes_summary.md (see scripts/flake_hunt.py).
+FLAKE_ARGS ?= --rounds 5 --hog 1
+flake: setup
+	$(PY) scripts/flake_hunt.py $(FLAKE_ARGS)

@@ -233,6 +233,33 @@ def test_live_gil_threads_share_one_core_instances_are_processes(live) -> None:
     assert (table["errors"] == 0).all()
     assert table.loc["1 instance, 2 threads", "cores_per_execute"] < 1.1
     assert list(table["stub_processes"]) == [1, 1, 2]
+    # From the trace, whatever the free cores: two processes ran execute() at once, one process never did.
+    assert table.loc["2 instances, 1 thread", "overlaps_across_processes"] > 0
+    assert (table["overlaps_within_process"] == 0).all()
+    assert table.loc["1 instance, 2 threads", "overlaps_across_processes"] == 0
+
+
+@pytest.mark.server
+def test_live_reload_warms_every_instance_inside_triton(live) -> None:
+    """``reload(warm=2)`` is Triton's model_warmup: 2 executions per instance during the load, none queued.
+
+    The statistics of the freshly loaded model count them before any client request, under a queue
+    policy whose 1 ms timeout would expire any client-side warm-up that had to wait.
+    """
+    from lab_backends.errors import ModelLoadError
+    from lab_backends.server.warmup import with_warmup
+
+    server, shipped = live
+    policy = {"default_queue_policy": {"default_timeout_microseconds": 1000, "allow_timeout_override": True}}
+    scheduler.reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 3}], "dynamic_batching": policy},
+                     shipped, warm=2)
+    stats = server.statistics(MODEL)["model_stats"][0]
+    assert stats["execution_count"] == 6 and stats["inference_stats"]["success"]["count"] == 6
+    bad = with_warmup(shipped, 1)
+    bad.model_warmup[0].inputs["INPUT0"].dims[:] = [5]
+    with pytest.raises(ModelLoadError, match=r"unexpected shape for input 'INPUT0'.*got \[1,5\]"):
+        server.load_model(MODEL, config=bad)
+    scheduler.reload(server, {}, shipped)
 
 
 @pytest.mark.server

@@ -178,17 +178,19 @@ def test_live_trace_http_grpc_ensemble_bls_and_settings(start_server, tmp_path: 
     infer(server, "cost_model", {"INPUT0": x}, protocol="grpc", request_id="g")
     infer(server, ENSEMBLE, {"INPUT0": x}, protocol="http", request_id="e")
     infer(server, BLS, {"INPUT0": x}, protocol="grpc", request_id="b")
-    # 100 ms per batch: requests of a burst arrive well within it even on a busy machine.
+    # No batcher (one request at a time) and 100 ms each: whatever the client's timing, all but the
+    # first request of the burst to reach the instance wait >= 100 ms; batched, they could all share one batch.
     slow = server.model_config("cost_model")
     slow.parameters["fixed_ms"].string_value = "100"
+    slow.ClearField("dynamic_batching")
     server.load_model("cost_model", config=slow)
-    ids = trace.send_burst(server, "cost_model", {"INPUT0": x}, 5, prefix="q", head_start_ms=20)
+    ids = trace.send_burst(server, "cost_model", {"INPUT0": x}, 5, prefix="q")
     log = trace.read_trace(path, request_ids=["h", "g", "e", "b", *ids])
     assert log.request("h")["protocol"] == "http" and log.request("g")["protocol"] == "grpc"
     assert len(log.children(int(log.request("e")["trace_id"]))) == 2
     assert list(log.children(int(log.request("b")["trace_id"]))["model"]) == ["cost_model"]
     queues = log.select(ids).requests["queue_ms"]
-    assert queues.max() > 20.0 and queues.min() < queues.max() / 2
+    assert queues.max() > 90.0 and queues.min() < queues.max() / 2
 
     # Runtime settings: trace every second request from now on.
     settings = trace.update_trace_settings(server, trace_rate=2)

@@ -14,35 +14,31 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from lab_backends.errors import LoadSettingError
 from lab_backends.measure import trace as tracing
-from lab_backends.measure.batches import batches, compute_spans, timeline_facts
+from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
 from lab_backends.measure.probe_load import probe_load
-from lab_backends.server.config_changes import apply_config
+from lab_backends.server.config_changes import apply_config, derive_config
+from lab_backends.server.warmup import with_warmup
 from lab_backends.waiting import poll
 
 MODEL = "scheduler_probe"
 
 
-def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0,
-           inputs: Mapping[str, np.ndarray] | None = None) -> Any:
-    """Reload ``model`` with ``override`` on ``base``, then send ``warm`` requests per instance.
+def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MODEL, warm: int = 0) -> Any:
+    """Reload ``model`` with ``override`` on ``base``; with ``warm``, each instance first runs ``warm`` requests.
 
-    The warm-up must be served: a refused one would mean the experiment measures a broken model.
-    It is not part of the experiment, so when the config lets a request set its own queue timeout
-    it asks for a long one: with a queue policy the batcher can idle 0.5 s between two requests
-    (:func:`policy_stalls`), which would expire a warm-up under a 100 ms default timeout.
+    The warm-up is Triton's own (``model_warmup``, :func:`~lab_backends.server.warmup.with_warmup`):
+    each instance executes it during the load, before READY, without the scheduler's queue. A
+    client-side warm-up would go through the queue policy that some experiments set (a 100 ms
+    timeout, a queue of 4) and could expire by chance: a request cannot ask for a longer timeout
+    than the policy's (core ``src/scheduler_utils.cc`` 180-184 at r24.10), and the batcher can
+    stall 0.5 s with a policy (:func:`policy_stalls`). A warm-up that fails fails the load, with
+    Triton's reason (:class:`~lab_backends.errors.ModelLoadError`).
     """
-    config = apply_config(server, model, dict(override), base)
-    count = sum(g.count or 1 for g in config.instance_group) or 1
+    config = derive_config(base, dict(override))
     if warm:
-        policy = config.dynamic_batching.default_queue_policy
-        timeout_us = 10_000_000 if policy.allow_timeout_override else None
-        answers = probe_load(server, model, warm * count, concurrency=count, prefix="warm", inputs=inputs,
-                             timeout_us=timeout_us)
-        if not answers["ok"].all():
-            raise LoadSettingError(f"{model!r} refused its warm-up after the reload: {answers['error'].iloc[0]}")
-    return config
+        config = with_warmup(config, warm)
+    return apply_config(server, model, config, base)
 
 
 def batch_timeline(server: Any, base: Any, instances: int, n: int = 150, concurrency: int = 12,
@@ -187,22 +183,47 @@ GIL_CONFIGS = {
 def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model: str = GIL_MODEL) -> pd.DataFrame:
     """The same closed-loop load on each of :data:`GIL_CONFIGS`, side by side: one row per config.
 
-    ``cores_per_execute`` is the mean of what each ``execute()`` reported (its process's CPU time
-    over its wall time): the GIL caps it at one per process, whatever the thread count.
+    The evidence that does not depend on a free core (the proof):
+
+    * ``cores_per_execute`` is the mean of what each ``execute()`` reported (its process's CPU time
+      over its wall time): the GIL caps it at one per process, whatever the thread count;
+    * ``overlaps_across_processes`` counts pairs of ``execute()`` calls in *different* stub
+      processes that ran at the same time, from the trace's compute stamps (requests of one
+      ``execute()`` share them): two instances overlap, two threads live inside one ``execute()``,
+      and one process never runs two at once (``overlaps_within_process`` stays 0).
+
+    ``throughput_rps`` is what the learner sees, and it needs a free core to show the second
+    process: on a machine whose other core is busy it does not rise.
     """
     import time
 
     rows = []
     for name, override in GIL_CONFIGS.items():
         one = {"INPUT0": np.ones((1, 1), np.float32)}
-        reload(server, override, base, model, warm=2, inputs=one)
+        reload(server, override, base, model, warm=2)
         started = time.monotonic()
         answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"gil-{len(rows)}", inputs=one)
         window = time.monotonic() - started
+        ran = traced_executions(server, answers, model)
+        within = sum(overlapping_pairs(group) for _, group in ran.groupby("pid"))
         rows.append({"config": name, "throughput_rps": answers["ok"].sum() / window,
                      "cores_per_execute": answers["cores"].mean(), "max_cores_per_execute": answers["cores"].max(),
-                     "stub_processes": answers["pid"].nunique(), "errors": int((~answers["ok"]).sum())})
+                     "stub_processes": answers["pid"].nunique(), "executions": len(ran),
+                     "overlaps_across_processes": overlapping_pairs(ran) - within, "overlaps_within_process": within,
+                     "errors": int((~answers["ok"]).sum())})
     return pd.DataFrame(rows).set_index("config")
+
+
+def traced_executions(server: Any, answers: pd.DataFrame, model: str) -> pd.DataFrame:
+    """One row per ``execute()`` that served ``answers`` (``start_ns, end_ns, pid, size``), from the trace.
+
+    The requests of one ``execute()`` share its compute stamps (:mod:`~lab_backends.measure.batches`);
+    the PID comes from the answers (a model that returns ``PID``, like ``gil_spin``).
+    """
+    ok = answers.loc[answers["ok"], "request_id"]
+    log = tracing.read_trace(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
+    spans = compute_spans(log, model).merge(answers[["request_id", "pid"]], on="request_id")
+    return spans.groupby(["start_ns", "end_ns"], as_index=False).agg(pid=("pid", "first"), size=("request_id", "size"))
 
 
 #: A gap between two responses of one burst that is this Triton's 500 ms batcher wait, not work.

@@ -66,13 +66,13 @@ def _send(url: str, method: str = "GET", body: bytes | None = None, headers: Map
 
 
 def send_burst(server: RunningServer, model: str, inputs: dict, n: int, prefix: str = "burst",
-               timeout_s: float = 60.0, head_start_ms: float = 0.0) -> list[str]:
+               timeout_s: float = 60.0) -> list[str]:
     """Send ``n`` gRPC requests at once (``request_id`` = ``<prefix>-<i>``) and wait for all answers.
 
     Why: a single instance can run one batch at a time, so requests that arrive together must wait
-    in the scheduler's queue: exactly what a trace should show. With ``head_start_ms`` the first
-    request goes alone and the others follow that much later, so that the first one is already
-    running when they arrive (whatever else the machine is doing). Returns the request ids.
+    in the scheduler's queue: exactly what a trace should show. Under the dynamic batcher requests
+    that arrive together may share one batch and none waits; on a model without a batcher each
+    waits for the ones ahead of it, however the client's sends are spread. Returns the request ids.
     """
     import threading
 
@@ -89,10 +89,8 @@ def send_burst(server: RunningServer, model: str, inputs: dict, n: int, prefix: 
         done.release()
 
     ids = [f"{prefix}-{i}" for i in range(n)]
-    for i, rid in enumerate(ids):
+    for rid in ids:
         server.grpc_client.async_infer(model, make_inputs(inputs), finished, request_id=rid)
-        if i == 0 and head_start_ms > 0:
-            time.sleep(head_start_ms / 1000.0)
     deadline = time.monotonic() + timeout_s
     for _ in ids:
         if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
