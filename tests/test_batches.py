@@ -170,6 +170,8 @@ def test_live_timeline_with_two_instances(live) -> None:
     mine = stubs[stubs["model"] == MODEL]
     assert (mine["program"] == "triton_python_backend_stub").all()
     assert len(mine) == 2 and set(mine["instance (reported)"]) == set(table["instance"])
+    assert (mine["instance (command line)"] == mine["instance (reported)"]).all()  # stub_launcher.cc: argv[8]
+    assert set(mine["instance (command line)"]) == {f"{MODEL}_0_0", f"{MODEL}_0_1"}
     assert (stubs["model"] == scheduler.RAGGED_MODEL).sum() == 1  # the other model's stub, unreported
 
 

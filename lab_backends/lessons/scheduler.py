@@ -9,6 +9,7 @@ and returns what it saw as pandas frames, so the notebook only shows and checks.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -17,6 +18,7 @@ import pandas as pd
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
 from lab_backends.measure.probe_load import probe_load
+from lab_backends.server import processes
 from lab_backends.server.config_changes import apply_config, derive_config
 from lab_backends.server.warmup import with_warmup
 from lab_backends.waiting import poll
@@ -137,27 +139,26 @@ def executions(answers: pd.DataFrame) -> dict[int, int]:
 
 
 def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
-    """The server's child processes (its Python stubs), with the instance that reported each PID.
+    """The server's child processes (its Python stubs), with the instance each one serves, seen twice.
 
-    A stub's command line names the ``model.py`` it runs (not the instance): the instance name
-    comes from the answers of :func:`probe_load` (``scheduler_probe`` returns its PID), so the two
-    views can be checked against each other. Read from ``/proc``: a local server only.
+    The Python backend starts each instance's stub with the ``model.py`` path and the instance's
+    name on its command line (python_backend ``src/stub_launcher.cc`` 333-338 and 378-382 at r24.10:
+    the name is ``argv[8]``), and ``scheduler_probe`` returns its own instance name and PID
+    with every answer (from :func:`probe_load`): the two views can be checked against each other.
+    Read from ``/proc``: a local server only.
     """
-    from pathlib import Path
-
-    from lab_backends.server import processes
-
     reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
 
     def read() -> list[dict]:
         rows = []
         for pid in sorted(processes.children(server.pid)):
             try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
             except OSError:
                 continue  # exited since it was listed
-            script = Path(argv[1].decode()) if len(argv) > 1 else Path("")
-            rows.append({"pid": pid, "program": Path(argv[0].decode()).name, "model": script.parent.parent.name,
+            script = Path(argv[1]) if len(argv) > 1 else Path("")
+            rows.append({"pid": pid, "program": Path(argv[0]).name, "model": script.parent.parent.name,
+                         "instance (command line)": argv[8] if len(argv) > 8 else None,
                          "instance (reported)": reported.get(pid)})
         return rows
 
@@ -168,7 +169,7 @@ def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
         return all(r["instance (reported)"] is not None for r in rows if r["model"] in probed)
 
     rows = poll(read, settled, 15, 0.1)
-    return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (reported)"])
+    return pd.DataFrame(rows, columns=["pid", "program", "model", "instance (command line)", "instance (reported)"])
 
 
 GIL_MODEL = "gil_spin"
@@ -242,10 +243,12 @@ def policy_stalls(server: Any, base: Any, dynamic_batching: Mapping[str, Any], b
     """``bursts`` bursts at one instance, two requests per batch: per burst, its span and its ~0.5 s stalls.
 
     Why this exists: on Triton 2.51 a model with any queue policy (``max_queue_size``, a timeout,
-    priority levels) loses the batcher's prefetching, and the batcher then waits for a *free
-    instance* with a 500 ms timeout (``WaitForPayloadSlotAvailable`` in core's
-    ``dynamic_batch_scheduler.cc``). The wake-up sent when a batch completes can come before the
-    instance counts itself free again, and the batcher then sleeps the whole 500 ms with requests
+    ``allow_timeout_override``) or priority levels loses the batcher's prefetching (core
+    ``src/scheduler_utils.cc`` 364-375 at r24.10), and the batcher then waits for a *free instance* in
+    500 ms steps, in a loop until one is free (``WaitForPayloadSlotAvailable``,
+    ``src/dynamic_batch_scheduler.cc`` 329 and 450-481). The wake-up sent when a batch completes can
+    come before the instance counts itself free again, or between the batcher's check and its sleep
+    (it waits under a mutex of its own), and the batcher then sleeps a whole 500 ms with requests
     queued. It is a race, so it shows in some gaps, not all: measure several bursts.
     """
     reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,

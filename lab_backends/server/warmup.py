@@ -8,7 +8,7 @@ warm-up goes through the scheduler, where a queue policy may expire or refuse it
   r24.10: ``override_timeout_us != 0 && override_timeout_us < timeout_us``), so asking for a long
   one cannot protect a warm-up from a 100 ms default;
 * with any queue policy the batcher does not prefetch (``scheduler_utils.cc`` 364-375) and can sleep
-  500 ms with requests queued (``dynamic_batch_scheduler.cc`` ~431-478), long enough to expire them.
+  500 ms with requests queued (``dynamic_batch_scheduler.cc`` 329 and 450-481), long enough to expire them.
 
 ``model_warmup`` avoids both: during the load, each instance runs the samples itself
 (``TritonBackendThread::InitAndWarmUpModelInstance`` -> ``TritonModelInstance::WarmUp``, which calls
