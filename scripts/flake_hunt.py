@@ -10,6 +10,7 @@ Run it:
 
     make flake                                   # FLAKE_ARGS defaults to --rounds 5 --hog 1
     make flake FLAKE_ARGS="--rounds 3 --only 03 03b 10 11"
+    .venv/bin/python scripts/flake_hunt.py --what make-test --cwd /tmp/clone --rounds 1 --hog 1
     .venv/bin/python scripts/flake_hunt.py --what server-tests --only "batch or stream" --rounds 3
 
 Writes ``bench/flakes.csv`` (``--csv``) and ``bench/flakes_summary.md`` next to it; exits 1 when
@@ -45,7 +46,7 @@ from lab_backends.paths import lesson_notebooks  # noqa: E402
 NBVAL_FLAGS = ["--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=60"]
 #: The marker of the tests that start a real tritonserver (pyproject.toml).
 SERVER_MARKER = "server"
-KINDS = {"notebooks": "notebook-cell", "server-tests": "test"}
+KINDS = {"notebooks": "notebook-cell", "server-tests": "test", "make-test": "make-test"}
 MESSAGE_CHARS = 300
 
 
@@ -157,6 +158,18 @@ def cpu_hogs(count: int, limit_s: float) -> Iterator[list[subprocess.Popen]]:
                 proc.wait()
 
 
+def run_make_test(round_no: int, hog: int, cwd: Path) -> tuple[RoundInfo, list[Outcome]]:
+    """``make test`` in ``cwd`` (e.g. a fresh clone: set-up included), as CI runs it: one row, its wall time."""
+    info = RoundInfo(round_no, KINDS["make-test"], utc_now(), os.getloadavg())
+    print(f"\n=== flake hunt: round {round_no} make test in {cwd} (hog {hog}) ===", flush=True)
+    start = time.monotonic()
+    info.returncode = subprocess.run(["make", "test"], cwd=cwd, check=False).returncode
+    info.wall_s = round(time.monotonic() - start, 2)
+    outcome = "passed" if info.returncode == 0 else "failed"
+    return info, [Outcome(round_no, info.kind, f"make test ({cwd})", outcome, info.wall_s, hog, info.started_utc,
+                          "" if outcome == "passed" else f"make test exited {info.returncode}")]
+
+
 def run_round(round_no: int, what: str, only: list[str] | None, hog: int, tmp: Path) -> tuple[RoundInfo, list[Outcome]]:
     """One pytest run of one suite; a run that leaves no junit XML (or exits oddly) becomes an error row."""
     kind = KINDS[what]
@@ -242,7 +255,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hog", type=int, default=0, help="busy-loop processes kept running (default 0)")
     parser.add_argument("--hog-limit-s", type=float, default=3 * 3600,
                         help="each hog exits by itself after this many seconds (default 3 h)")
-    parser.add_argument("--what", choices=["notebooks", "server-tests", "both"], default="notebooks")
+    parser.add_argument("--what", choices=["notebooks", "server-tests", "both", "make-test"], default="notebooks",
+                        help="make-test: the whole `make test` in --cwd (a fresh clone), one row per round")
+    parser.add_argument("--cwd", type=Path, default=ROOT, help="where --what make-test runs (default: this checkout)")
     parser.add_argument("--only", nargs="+", metavar="PATTERN",
                         help="notebook name prefixes (03 -> 03_*.ipynb); for server tests, joined into -k")
     parser.add_argument("--csv", type=Path, default=ROOT / "bench" / "flakes.csv")
@@ -251,7 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.hog < 0:
         parser.error("--rounds must be at least 1 and --hog at least 0")
-    if args.what != "server-tests" and args.only and not select_notebooks(args.only):
+    if args.what in ("notebooks", "both") and args.only and not select_notebooks(args.only):
         parser.error(f"--only {' '.join(args.only)} matches no notebook in notebooks/")
     return args
 
@@ -264,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="flake-hunt-") as tmp, cpu_hogs(args.hog, args.hog_limit_s):
         for round_no in range(1, args.rounds + 1):
             for what in suites:
-                info, found = run_round(round_no, what, args.only, args.hog, Path(tmp))
+                if what == "make-test":
+                    info, found = run_make_test(round_no, args.hog, args.cwd)
+                else:
+                    info, found = run_round(round_no, what, args.only, args.hog, Path(tmp))
                 rounds.append(info)
                 rows += found
             if args.stop_on_fail and failure_counts(rows):

@@ -296,17 +296,24 @@ def test_upstream_queue_policy_stalls_the_batcher_half_a_second(live) -> None:
     """Triton 2.51: with a queue policy the batcher sometimes sleeps its 500 ms wait with requests queued.
 
     A race (see ``scheduler.policy_stalls``), so it is counted over 8 bursts of 6 batches (40 gaps):
-    measured here, about a third of the gaps stalled with a policy and none without. 03b's
-    queue-policy note explains it to learners. When this fails, an upgrade fixed it: drop the note
-    and this test.
+    measured here, about a third of the gaps stalled with a policy and none without. Being a race,
+    a round of 8 bursts without a stall is re-measured, at most 3 rounds (120 gaps) in all, before
+    the pin says the defect is gone. 03b's queue-policy note explains it to learners. When this
+    fails, an upgrade fixed it: drop the note and this test.
     """
     server, shipped = live
     plain = scheduler.policy_stalls(server, shipped, {})
-    policy = scheduler.policy_stalls(server, shipped, {"default_queue_policy": {"max_queue_size": 100}})
-    assert (plain["served"] == 12).all() and (policy["served"] == 12).all()
-    assert policy["stalls"].sum() >= 1, (
-        f"no ~0.5 s batcher stall in {len(policy)} bursts with a queue policy (spans {policy['span_ms'].tolist()} ms; "
-        "on 2.51 about a third of the gaps stalled): the upstream race seems fixed; "
-        "update 03b's note and drop this test")
-    assert plain["stalls"].sum() < policy["stalls"].sum(), (
+    assert (plain["served"] == 12).all()
+    rounds = []
+    for _ in range(3):
+        policy = scheduler.policy_stalls(server, shipped, {"default_queue_policy": {"max_queue_size": 100}})
+        assert (policy["served"] == 12).all()
+        rounds.append(int(policy["stalls"].sum()))
+        if rounds[-1] >= 1:
+            break
+    assert rounds[-1] >= 1, (
+        f"no ~0.5 s batcher stall in {len(rounds)} rounds of {len(policy)} bursts with a queue policy "
+        f"(last spans {policy['span_ms'].tolist()} ms; on 2.51 about a third of the gaps stalled): "
+        "the upstream race seems fixed; update 03b's note and drop this test")
+    assert plain["stalls"].sum() < rounds[-1] or plain["stalls"].sum() == 0, (
         f"without a policy the batcher stalled as often ({plain['stalls'].sum()}) as with one: machine too busy?")

@@ -117,3 +117,11 @@ def test_server_tests_use_the_server_marker(tmp_path):
     assert f'"{flake_hunt.SERVER_MARKER}: ' in pyproject
     cmd = flake_hunt.server_test_command(["batch", "stream"], tmp_path / "r.xml")
     assert cmd[cmd.index("-m", 2):cmd.index("tests") + 1] == ["-m", "server", "-k", "batch or stream", "tests"]
+
+
+def test_make_test_rounds_record_the_exit_status_and_wall_time(tmp_path):
+    for rc, expected in ((0, "passed"), (3, "failed")):
+        (tmp_path / "Makefile").write_text(f"test:\n\t@exit {rc}\n")
+        info, rows = flake_hunt.run_make_test(1, 0, tmp_path)
+        assert (info.returncode == 0) == (rc == 0) and [r.outcome for r in rows] == [expected]  # make says 2
+        assert rows[0].kind == "make-test" and rows[0].duration_s >= 0
