@@ -25,18 +25,28 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float, int
         time.sleep(interval_s)
 
 
+#: How long a counter must stay unchanged to count as settled. Triton's lag between a response and
+#: its statistics is one hand-off between server threads; 50 ms leaves room for the scheduler delays
+#: of a busy machine, where two reads 5 ms apart could both come before the update (seen in a flake
+#: hunt with one core busy: a server's count read right after its only answer said 0).
+QUIET_S = 0.05
+
+
 def settled(read: Callable[[], T], key: Callable[[T], Any] = lambda value: value, interval_s: float = 0.005,
-            attempts: int = 50) -> T:
-    """``read()`` until two reads in a row agree (by ``key``), at most ``attempts`` more times; the last value.
+            attempts: int = 400, quiet_s: float = QUIET_S) -> T:
+    """``read()`` until the value (by ``key``) has not changed for ``quiet_s``; at most ``attempts`` reads more.
 
     For counters that Triton updates a moment after the client has its answer: with nothing in
-    flight, two equal reads in a row mean they have settled.
+    flight, a value that stays the same for ``quiet_s`` has settled. Returns the last value read.
     """
     value = read()
+    since = time.monotonic()
     for _ in range(attempts):
+        if time.monotonic() - since >= quiet_s:
+            break
         time.sleep(interval_s)
         again = read()
-        if key(again) == key(value):
-            return again
+        if key(again) != key(value):
+            since = time.monotonic()
         value = again
     return value

@@ -100,7 +100,7 @@ class CacheRun:
         return float(self.requests.loc[self.requests["kind"] == kind, "latency_ms"].median())
 
 
-def _settled_counts(server: RunningServer, model: str, attempts: int = 50) -> CacheCounts:
+def _settled_counts(server: RunningServer, model: str, attempts: int = 400) -> CacheCounts:
     """Counters once they stop moving: Triton updates them as it releases a request, a moment late."""
     return settled(lambda: cache_counts(server, model), interval_s=0.01, attempts=attempts)
 

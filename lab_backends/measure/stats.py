@@ -216,13 +216,13 @@ def rows_since(server: RunningServer, model: str, before: int, expected: int, wa
     return poll(lambda: inference_count(server, model) - before, lambda rows: rows >= expected, wait_s, 0.02)
 
 
-def settled_statistics(server: RunningServer, model: str, attempts: int = 50) -> dict:
+def settled_statistics(server: RunningServer, model: str, attempts: int = 400) -> dict:
     """A statistics snapshot once the counters stop moving.
 
     Triton updates a request's statistics when it releases the request, which can be a moment
     *after* the client has its response; a snapshot taken right away would push the last warm-up
-    request into the measured window. Nothing is in flight here, so two equal snapshots in a row
-    mean the counters have settled.
+    request into the measured window. Nothing is in flight here, so counters that stay the same for
+    :data:`~lab_backends.waiting.QUIET_S` have settled.
     """
     def key(payload: dict) -> tuple[int, ...]:
         t = totals(payload, model)

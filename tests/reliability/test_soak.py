@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from lab_backends.server.processes import group_members
+from lab_backends.waiting import poll
 
 from .conftest import fast_cost_model
 from .driver import LoadResult, Target, plan, run_load
@@ -71,9 +72,12 @@ def test_soak_loses_nothing_and_agrees_with_the_statistics_api(rel_server):
         assert sum(r.ok_by_protocol[protocol] for r in results) == sent // 2
 
     # The server's own books agree with the client's, request for request.
-    after = {m: _counts(rel_server, m) for m in MODELS}
+    # Triton counts a request as it releases it, a moment after the answer: wait for the last ones.
+    ok = {m: sum(r.ok_by_model[m] for r in results) for m in MODELS}
+    after = {m: poll(lambda m=m: _counts(rel_server, m), lambda c, m=m: c[0] - before[m][0] >= ok[m], 5.0, 0.02)
+             for m in MODELS}
     for model in MODELS:
-        client_ok = sum(r.ok_by_model[model] for r in results)
+        client_ok = ok[model]
         inferences, successes, failures = (a - b for a, b in zip(after[model], before[model]))
         assert (inferences, successes, failures) == (client_ok, client_ok, 0), model
 
