@@ -202,3 +202,23 @@ def test_send_works_from_a_widget_callback_thread(server) -> None:
     worker.start()
     worker.join(60)
     assert results and results[0] is not None, panel.error
+
+
+def test_instance_names_are_tritons_own() -> None:
+    """``<group>_<k>``, the group defaulting to ``<model>_<g>``.
+
+    Core at r24.10: ``src/model_config_utils.cc:851``, ``src/backend_model.cc:594``.
+    """
+
+    from google.protobuf import text_format
+
+    from lab_backends.server.repository import ModelConfig
+
+    served = text_format.Parse('name: "digits_onnx" instance_group [{name: "digits_onnx_0" count: 1 kind: KIND_CPU}]',
+                               ModelConfig())
+    assert evidence.instance_name(served) == "digits_onnx_0_0"
+    assert evidence.instance_of(served).startswith("digits_onnx_0_0 (KIND_CPU)")
+    named = text_format.Parse('name: "m" instance_group [{name: "fast" count: 1}]', ModelConfig())
+    assert evidence.instance_name(named) == "fast_0"
+    two = text_format.Parse('name: "m" instance_group [{count: 2}]', ModelConfig())
+    assert evidence.instance_name(two) == "1 of 2 (not in the trace)"

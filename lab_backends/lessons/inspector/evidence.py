@@ -96,11 +96,19 @@ def learner_batch(execs: pd.DataFrame) -> int:
     return int(execs["batch_size"].max()) if len(execs) else 0
 
 
+def _only_instance(config: Any) -> str:
+    """Triton's name for the first instance of the first group: ``<group>_0``, the group defaulting to
+    ``<model>_0`` (core ``src/model_config_utils.cc`` 850-851 and ``src/backend_model.cc`` 594 at r24.10)."""
+    group = config.instance_group[0].name if len(config.instance_group) and config.instance_group[0].name else ""
+    return f"{group or config.name + '_0'}_0"
+
+
 def instance_of(config: Any) -> str:
     """Which instance ran the request, as far as the server lets us know.
 
     Triton 2.51's trace does not name the instance; the config does say how many there are. With
-    one instance (every digits model here) the answer is certain: ``<model>_0``.
+    one instance (every digits model here) the answer is certain: ``<model>_0_0`` (instance 0 of
+    the default group ``<model>_0``).
     """
     count = sum(g.count or 1 for g in config.instance_group) if len(config.instance_group) else 1
     if config.platform == "ensemble":
@@ -109,7 +117,8 @@ def instance_of(config: Any) -> str:
         kind = config.instance_group[0].kind if len(config.instance_group) else 0
         from tritonclient.grpc import model_config_pb2 as mc
 
-        return f"{config.name}_0 ({mc.ModelInstanceGroup.Kind.Name(kind)}), the only instance its config declares"
+        kind_name = mc.ModelInstanceGroup.Kind.Name(kind)
+        return f"{_only_instance(config)} ({kind_name}), the only instance its config declares"
     return (
         f"one of {count} instances of {config.name}; Triton 2.51's trace does not say which "
         "(the config's instance_group declares them)"
@@ -117,9 +126,9 @@ def instance_of(config: Any) -> str:
 
 
 def instance_name(config: Any) -> str:
-    """Short form of :func:`instance_of` for a table column: ``<model>_0``, or ``1 of N`` when unknowable."""
+    """Short form of :func:`instance_of` for a table column: ``<model>_0_0``, or ``1 of N`` when unknowable."""
     count = sum(g.count or 1 for g in config.instance_group) if len(config.instance_group) else 1
-    return f"{config.name}_0" if count == 1 else f"1 of {count} (not in the trace)"
+    return _only_instance(config) if count == 1 else f"1 of {count} (not in the trace)"
 
 
 def stages_in_order(log: TraceLog, request_id: str) -> bool:
