@@ -153,7 +153,9 @@ TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(
 TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(
     TRITONBACKEND_Output* output, void** buffer, uint64_t buffer_byte_size,
     TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id);
-/* Takes ownership of 'response' on success; 'error' (may be NULL) stays the caller's. */
+/* Takes ownership of 'response' on EVERY call, success or error: never touch or delete it afterwards
+ * (core include/triton/core/tritonbackend.h:757-759 at r24.10; core src/backend_model.cc:1637 at
+ * r24.10 wraps it in a unique_ptr before sending). 'error' (may be NULL) stays the caller's. */
 TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
     TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error);
 
@@ -169,8 +171,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
 /* ---------------------------------------------------------------- entry points WE implement
  * Only ModelInstanceExecute is required; the server looks the others up by name and calls the
  * ones it finds: Initialize once per backend, ModelInitialize once per model (version),
- * ModelInstanceInitialize once per instance, then Execute for every batch, and the *Finalize
- * functions in reverse order on unload. A non-NULL error from an initializer fails the load. */
+ * ModelInstanceInitialize once per instance, then Execute for every batch. On unload,
+ * ModelInstanceFinalize for each instance, then ModelFinalize (core src/backend_model.cc:966-987 at
+ * r24.10); Finalize only when the backend itself is destroyed, at server shutdown (core
+ * src/backend_manager.cc:136-149 at r24.10). A non-NULL error from an initializer fails the load. */
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend);
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend);
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model);

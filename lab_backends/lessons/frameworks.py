@@ -44,7 +44,9 @@ class ServedModel:
 
 
 #: The native GPU models of ``model_repository_gpu`` (NGC image only: the embedded CPU server has
-#: only the Python backend). libtorch maps TorchScript's unnamed arguments to ``<name>__<index>``.
+#: only the Python backend). libtorch binds inputs by forward()'s argument names, else by
+#: ``<name>__<index>``, else in config order; outputs by ``<name>__<index>``, else in config order
+#: (pytorch_backend src/libtorch.cc:1674-1764 at r24.10).
 NATIVE = {
     "digits_onnx_gpu": ServedModel("digits_onnx_gpu", "onnx", "onnxruntime", "PIXELS", "LOGITS"),
     "digits_torch_gpu": ServedModel("digits_torch_gpu", "torch", "pytorch (libtorch)", "PIXELS__0", "LOGITS__0"),

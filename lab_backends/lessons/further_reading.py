@@ -64,7 +64,8 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
         ("Trace extension", f"{SERVER}/docs/protocol/extension_trace.md",
          "the (restricted) runtime trace settings API"),
         ("tritonserver.h: InferenceTrace", f"{CORE}/include/triton/core/tritonserver.h",
-         "TRITONSERVER_InferenceTraceActivity: the activities the file's names come from"),
+         "TRITONSERVER_InferenceTraceActivity: the core's REQUEST, QUEUE and COMPUTE activities "
+         "(the HTTP_*, GRPC_* and INFER_RESPONSE_COMPLETE names come from the front ends)"),
         ("BLS in the Python backend", f"{PYTHON_BACKEND}/README.md#business-logic-scripting",
          "child requests, and passing trace=request.trace()"),
     ],
@@ -89,7 +90,8 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
         ("Python backend: one process per instance", f"{PYTHON_BACKEND}/README.md",
          "the stub process of each instance, and why threads inside execute() do not add cores"),
         ("dynamic_batch_scheduler.cc", f"{CORE}/src/dynamic_batch_scheduler.cc",
-         "where requests are queued, prioritised, timed out and handed to a free instance"),
+         "where requests are queued, batched and handed to a free instance (the priority levels and "
+         "timeouts of its queue are implemented in src/scheduler_utils.cc, PriorityQueue)"),
     ],
     "04": [
         ("Python backend", f"{PYTHON_BACKEND}/README.md",
@@ -112,7 +114,7 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "EXECUTION_ENV_PATH and wrapping any framework"),
     ],
     "06": [
-        ("Ensemble models", f"{SERVER}/docs/user_guide/ensemble_models.md",
+        ("Ensemble models", f"{SERVER}/docs/user_guide/architecture.md#ensemble-models",
          "ensemble_scheduling steps and tensor mapping"),
         ("Business Logic Scripting", f"{PYTHON_BACKEND}/README.md#business-logic-scripting",
          "calling models from model.py, sync and async"),
@@ -165,7 +167,7 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "every timestamp of the waterfall, trace settings, and ensemble/BLS children"),
         ("Binary tensor data extension", f"{SERVER}/docs/protocol/extension_binary_data.md",
          "the REST binary body the inspector shows next to the JSON one"),
-        ("Ensemble models", f"{SERVER}/docs/user_guide/ensemble_models.md",
+        ("Ensemble models", f"{SERVER}/docs/user_guide/architecture.md#ensemble-models",
          "the pipeline whose children the waterfall draws"),
         ("Business logic scripting", f"{PYTHON_BACKEND}/README.md#business-logic-scripting",
          "BLS: the same pipeline written in model.py"),

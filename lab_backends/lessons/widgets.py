@@ -29,8 +29,9 @@ from lab_backends.server.running import RunningServer
 
 #: The first status line: Triton's advice on the order to tune the batcher in.
 HINT = (
-    "Set the batcher, then press <b>Run</b>. Tune in Triton's recommended order: dynamic batching on with "
-    "delay 0 and no preferred sizes first; then more instances or a small delay, measuring each step. "
+    "Set the batcher, then press <b>Run</b>. Tune as Triton's guide suggests: dynamic batching on with "
+    "delay 0 and no preferred sizes first; then, within your latency budget, a larger max batch size and/or "
+    "a delay raised step by step, measuring each step. "
     "Preferred sizes are for specific cases (a backend that runs a few batch sizes best)."
 )
 

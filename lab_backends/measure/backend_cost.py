@@ -5,7 +5,8 @@ dynamic batching, one CPU instance), on ONE server, measured side by side in one
 requests in flight. The operation costs nothing, so what differs is the backend itself:
 
 * the C backend (``c_backends/scale/scale.c``) runs inside the server process, on the model
-  instance's thread: Execute reads the request buffers in place;
+  instance's thread: Execute copies every request's input into one block (``lab_gather_input``,
+  one ``memcpy`` per buffer), computes once, and copies each result into its response buffer;
 * the Python backend (``libtriton_python.so``, itself a C backend) hands every batch to a stub
   process through shared memory and a message queue, where the interpreter (one GIL, one process
   per instance) runs ``execute``, then takes the responses back the same way.

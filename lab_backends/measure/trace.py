@@ -32,8 +32,11 @@ Why these choices:
 * Children of an ensemble (and of a BLS model that passed ``trace=request.trace()``) carry
   ``parent_id``; front-end stages (receive/send) exist only on the top-level trace.
 
-With ``log_frequency=0`` the file is written only when the server stops; with ``log_frequency=N``
-Triton writes ``F.0``, ``F.1``, ... every N traces while it runs. :func:`read_trace` reads either.
+With ``log_frequency=0`` the traces collect in memory and ``F`` is written when the setting that
+collected them goes away: at shutdown, or when a trace-settings update replaces it; with a
+``trace_count`` they are also written (to ``F.0``, ...) once that many are collected (server
+src/tracer.cc:235-254, 1200-1213, 1242-1248 at r24.10). With ``log_frequency=N`` Triton writes
+``F.0``, ``F.1``, ... every N traces while it runs. :func:`read_trace` reads either.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def _read_one(path: Path) -> list[dict]:
     except json.JSONDecodeError as exc:
         raise TraceError(
             f"{path} is not a complete JSON array ({exc}); Triton may still be writing it. "
-            "Read the trace after the server stopped, or use trace_log_frequency=1."
+            "Read the trace after the server stopped (or its trace settings changed), or use trace_log_frequency=1."
         ) from exc
     if not isinstance(records, list):
         raise TraceError(f"{path} holds a {type(records).__name__}, not the JSON array Triton writes")
@@ -116,7 +119,8 @@ def read_records(path: str | Path) -> list[dict]:
     if not files:
         raise TraceError(
             f"no trace file at {path} (nor {Path(path).name}.0, ...). Start the server with "
-            "trace_file=..., and note that with trace_log_frequency=0 the file appears only at shutdown."
+            "trace_file=..., and note that with trace_log_frequency=0 the file appears only at shutdown "
+            "(or when the trace settings change)."
         )
     records: list[dict] = []
     for file in files:

@@ -122,8 +122,8 @@ def _first_step(server: TritonServer, k: int) -> tuple[grpcclient.InferenceServe
 def test_stream_topk_stops_a_cancelled_stream(server):
     """A cancelled stream stops computing: the next stream (one instance) starts at once.
 
-    Decoupled models record no statistics in 2.51, so the instance's availability is the
-    observable: had the cancelled stream kept computing, the next one would wait for its 9 steps.
+    Statistics count the cancelled stream's request either way, so the instance's availability is
+    the observable: had the cancelled stream kept computing, the next one would wait for its 9 steps.
     """
     config = server.model_config("stream_topk")
     config.parameters["step_delay_ms"].string_value = "400"

@@ -56,6 +56,25 @@ class Serve:
                 self.proc.wait()
 
 
+def _unregister(client, name: str, headers: dict[str, str]) -> None:
+    """Unregister a region, retrying Triton's "currently in use" for up to 5 s.
+
+    The server holds a region while any request reading it is alive, and a request is released a
+    moment after its response (server ``src/shared_memory_manager.cc`` 686-695 at r24.10 refuses
+    while ``use_count() > 1``): unregistering right after the answer races that release (seen in a
+    flake hunt with one core busy).
+    """
+    def attempt() -> str:
+        try:
+            client.unregister_system_shared_memory(name, headers=headers)
+            return ""
+        except InferenceServerException as exc:
+            return str(exc)
+
+    error = poll(attempt, lambda e: "currently in use" not in e, 5.0, 0.02)
+    assert error == "", error
+
+
 def _flows(serve: Serve, http_headers: dict[str, str], grpc_headers: dict[str, str]) -> None:
     """The three restricted flows of tritonclient's examples, over HTTP and gRPC."""
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
@@ -77,7 +96,7 @@ def _flows(serve: Serve, http_headers: dict[str, str], grpc_headers: dict[str, s
                 tensor.set_shared_memory("i20_in", x.nbytes)
                 out = client.infer("rel_double", [tensor], headers=headers).as_numpy("OUTPUT0")
                 np.testing.assert_array_equal(out, 2 * x)
-                client.unregister_system_shared_memory("i20_in", headers=headers)
+                _unregister(client, "i20_in", headers)
             finally:
                 shm.destroy_shared_memory_region(handle)
         finally:

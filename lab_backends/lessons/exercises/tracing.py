@@ -42,7 +42,8 @@ def _check_longest_queue(answer: Callable[[Any], str], server: RunningServer | N
         x = np.ones((1, 16), np.float32)
         server.grpc_client.infer("cost_model", make_inputs({"INPUT0": x}), request_id=f"warmup-{tag}")
         ids = trace.send_burst(server, "cost_model", {"INPUT0": x}, 6, prefix=f"burst-{tag}")
-        # Without log_frequency the file appears only at shutdown: stop first, then read.
+        # Without log_frequency (and with no trace_count or settings update, as here) the file
+        # appears only at shutdown (server src/tracer.cc:1242-1248 at r24.10): stop first, then read.
         if server.options.trace_log_frequency == 0:
             server.stop()
         log = trace.read_trace(server.trace_file, request_ids=ids).select(ids)
