@@ -26,6 +26,7 @@ from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
 from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.measure.probe_load import probe_load
+from lab_backends.waiting import poll
 
 DATA = Path(__file__).parent / "data" / "batches"
 MODEL = scheduler.MODEL
@@ -255,8 +256,10 @@ def test_live_reload_warms_every_instance_inside_triton(live) -> None:
     policy = {"default_queue_policy": {"default_timeout_microseconds": 1000, "allow_timeout_override": True}}
     scheduler.reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 3}], "dynamic_batching": policy},
                      shipped, warm=2)
-    stats = server.statistics(MODEL)["model_stats"][0]
-    assert stats["execution_count"] == 6 and stats["inference_stats"]["success"]["count"] == 6
+    # Counted as each warm-up request is released: poll (bounded) rather than trust one early read.
+    stats = poll(lambda: server.statistics(MODEL)["model_stats"][0],
+                 lambda s: int(s["execution_count"]) >= 6, 5.0, 0.02)
+    assert int(stats["execution_count"]) == 6 and int(stats["inference_stats"]["success"]["count"]) == 6
     bad = with_warmup(shipped, 1)
     bad.model_warmup[0].inputs["INPUT0"].dims[:] = [5]
     with pytest.raises(ModelLoadError, match=r"unexpected shape for input 'INPUT0'.*got \[1,5\]"):
