@@ -26,6 +26,7 @@ import argparse
 import csv
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,10 +134,16 @@ def parse_junit(path: Path, round_no: int, kind: str, hog: int, started_utc: str
     return rows
 
 
-def hog_command(limit_s: float) -> list[str]:
-    """A child Python that busy-loops one core until SIGALRM ends it after ``limit_s`` (at least 1 s)."""
-    code = f"import signal\nsignal.alarm({max(1, math.ceil(limit_s))})\nwhile True:\n    pass\n"
-    return [sys.executable, "-c", code]
+def hog_command(limit_s: float, parent_pid: int | None = None) -> list[str]:
+    """A child Python that busy-loops one core until SIGALRM ends it after ``limit_s`` (at least 1 s),
+    or until ``parent_pid`` (default: this hunt) is no longer its parent: a killed hunt leaves no hog.
+
+    The parent's PID is an argument, not read by the hog at start: a parent that died before the
+    hog's first line would otherwise look alive forever.
+    """
+    code = (f"import os, signal, sys\nsignal.alarm({max(1, math.ceil(limit_s))})\nparent = int(sys.argv[1])\n"
+            "while os.getppid() == parent:\n    for _ in range(1_000_000):\n        pass\n")
+    return [sys.executable, "-c", code, str(os.getpid() if parent_pid is None else parent_pid)]
 
 
 @contextmanager
@@ -271,8 +278,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: the hogs are stopped by PID
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     suites = ["notebooks", "server-tests"] if args.what == "both" else [args.what]
     rounds: list[RoundInfo] = []
     rows: list[Outcome] = []

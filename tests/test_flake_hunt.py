@@ -125,3 +125,27 @@ def test_make_test_rounds_record_the_exit_status_and_wall_time(tmp_path):
         info, rows = flake_hunt.run_make_test(1, 0, tmp_path)
         assert (info.returncode == 0) == (rc == 0) and [r.outcome for r in rows] == [expected]  # make says 2
         assert rows[0].kind == "make-test" and rows[0].duration_s >= 0
+
+
+def test_a_hog_stops_when_its_parent_is_gone(tmp_path):
+    """A hunt killed by SIGKILL cannot run its finally: its hogs must notice and stop by themselves."""
+    import subprocess
+
+    parent = (
+        "import os, subprocess, sys\n"
+        f"hog = subprocess.Popen({flake_hunt.hog_command(60)[:-1]!r} + [str(os.getpid())],\n"
+        "                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(hog.pid, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=30)
+    pid = int(out.stdout.strip())
+    def running() -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 10
+    while running():
+        assert time.monotonic() < deadline, "the orphaned hog kept running"
+        time.sleep(0.05)
