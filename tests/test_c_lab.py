@@ -27,6 +27,7 @@ def _variant(tmp_path: Path, old: str, new: str) -> Path:
 def test_the_skeleton_is_not_attempted_yet_and_builds() -> None:
     result = exercises.check(c_lab.NAME, c_lab.SKELETON, quiet=True)
     assert not result.attempted and "not attempted" in result.message
+    assert "complete the four TODO(exercise) places" in result.message and "NotImplementedError" not in result.message
     # The skeleton compiles as handed out, so a learner can build step by step.
     import tempfile
 
@@ -54,3 +55,16 @@ def test_a_wrong_clamp_is_refused_with_what_came_back(tmp_path) -> None:
     path = _variant(tmp_path, "fminf(fmaxf(data[k], bounds->lo), bounds->hi)", "fmaxf(data[k], bounds->lo)")
     with pytest.raises(ExerciseError, match="came back as"):
         exercises.check(c_lab.NAME, path, quiet=True)
+
+
+def test_a_finished_file_that_keeps_the_skeletons_comments_is_an_attempt(tmp_path) -> None:
+    """The skeleton's header says "Complete the four places marked TODO(exercise)": keeping it is fine."""
+    header = c_lab.SKELETON.read_text().split("*/", 1)[0] + "*/\n"
+    assert c_lab.TODO_MARK in header
+    path = tmp_path / "clip.c"
+    path.write_text(header + SOLUTION.read_text())
+    assert c_lab.read_answer(path) == (path, path.read_text())  # not "not attempted": the checks run
+    reformatted = tmp_path / "skeleton.c"
+    reformatted.write_text(c_lab.SKELETON.read_text().replace("\n", "\n\n"))
+    with pytest.raises(NotImplementedError):
+        c_lab.read_answer(reformatted)  # the skeleton with blank lines added is still the skeleton

@@ -34,6 +34,9 @@ NAME = "clip_backend"
 BACKEND = "clip"
 SKELETON = PROJECT_ROOT / "notebooks" / "exercises" / "clip.c"
 TODO_MARK = "TODO(exercise)"
+#: What the checker says while clip.c is the untouched skeleton.
+NOT_ATTEMPTED = (f"complete the four {TODO_MARK} places in {SKELETON.relative_to(PROJECT_ROOT)} (the marks may stay), "
+                 "then run this cell again")
 TASK = (
     "Complete notebooks/exercises/clip.c, a C backend 'clip': OUTPUT0 = INPUT0 clamped to [lo, hi] elementwise "
     "(FP32 [batch, n]), with lo and hi read from the model config's parameters in ModelInitialize (a missing "
@@ -68,16 +71,25 @@ def _write(repo: Path, config: Any) -> None:
 
 
 def read_answer(answer: Any) -> tuple[Path, str]:
-    """The learner's C file and its text; ``NotImplementedError`` while it is still the skeleton."""
+    """The learner's C file and its text; ``NotImplementedError`` while it is still the skeleton.
+
+    "Not attempted" means the file is the skeleton as handed out (whitespace aside), nothing else:
+    a finished clip.c may well keep the skeleton's comments, ``TODO(exercise)`` marks included, and
+    a half-finished one is an attempt whose faults the checks below name.
+    """
     if answer is None:
-        raise NotImplementedError
+        raise NotImplementedError(NOT_ATTEMPTED)
     path = Path(answer)
     if not path.is_file():
         raise ExerciseError(f"{path} is not a file: pass the path of your clip.c (the skeleton is {SKELETON})")
     source = path.read_text()
-    if TODO_MARK in source:
-        raise NotImplementedError
+    if _words(source) == _words(SKELETON.read_text()):
+        raise NotImplementedError(NOT_ATTEMPTED)
     return path, source
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
 
 
 def _batch_executions(stats: dict) -> dict[int, int]:

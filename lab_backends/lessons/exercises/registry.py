@@ -99,9 +99,9 @@ def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bo
             return check(name, answer, own, quiet)
     try:
         message = ex.checker(answer, server)
-    except NotImplementedError:
-        result = Result(name, False, False, f"'{name}' is not attempted yet: replace the NotImplementedError "
-                                            f"with your answer and run the cell again.\nTask: {ex.task}")
+    except NotImplementedError as exc:  # a checker may say what "attempting" means for its exercise
+        todo = str(exc) or "replace the NotImplementedError with your answer and run the cell again"
+        result = Result(name, False, False, f"'{name}' is not attempted yet: {todo}.\nTask: {ex.task}")
         if not quiet:
             print(result.message)
         return result
