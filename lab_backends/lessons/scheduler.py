@@ -1,9 +1,9 @@
 """The experiments of ``03b_inside_the_scheduler``: one function per question, each on a real server.
 
 Each one reloads ``scheduler_probe`` with a config derived from the shipped one (an override
-replaces the whole config, so :func:`~lab_backends.server.config_changes.apply_config` derives it), warms
-the new instances with a couple of requests (a fresh stub's first ``execute`` is slow and would
-blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
+replaces the whole config, so :func:`~lab_backends.server.config_changes.apply_config` derives it), has
+Triton warm the new instances up during the load (``model_warmup``: a fresh stub's first ``execute``
+is slow and would blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
 and returns what it saw as pandas frames, so the notebook only shows and checks.
 """
 
