@@ -30,7 +30,7 @@ from lab_backends.measure.stats import rows_since
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import bundle
 from lab_backends.server.ports import free_ports
-from lab_backends.server.processes import SHM_DIR, group_members
+from lab_backends.server.processes import SHM_DIR, alive, group_members
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
@@ -52,11 +52,11 @@ def _tree(pid: int) -> list[int]:
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if alive(p)]
         time.sleep(0.1)
-    return alive
+    return left
 
 
 def _copy_model(repo: Path, name: str = "cost_model") -> None:

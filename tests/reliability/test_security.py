@@ -62,6 +62,21 @@ def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
     return found
 
 
+def _cmdlines(pids: list[int]) -> list[str]:
+    """Command lines of these processes; one that exits (or is a zombie) meanwhile has none to leak.
+
+    JupyterLab starts short-lived helpers in its group: one that ended between the /proc listing and
+    this read raised psutil.ZombieProcess in CI (stop 30).
+    """
+    found = []
+    for pid in pids:
+        try:
+            found.append(" ".join(psutil.Process(pid).cmdline()))
+        except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess
+            continue
+    return found
+
+
 def _is_loopback_v4(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     mapped = getattr(ip, "ipv4_mapped", None)  # gRPC listens on ::ffff:127.0.0.1 (measured)
@@ -269,7 +284,7 @@ def test_jupyterlab_needs_its_token_and_listens_on_localhost(tmp_path):
         status, _, _ = _request(f"{base}/api/contents?token={token}")
         assert status == 200
 
-        cmdlines = [" ".join(psutil.Process(p).cmdline()) for p in group_members(proc.pid)]
+        cmdlines = _cmdlines(group_members(proc.pid))
         assert not any(token in c for c in cmdlines), "the token must not be readable from ps"
         sockets = _listening(group_members(proc.pid))
         assert any(port == p for _, _, p in sockets)
