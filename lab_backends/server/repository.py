@@ -25,7 +25,7 @@ def parse_config(text: str, source: str = "<config>") -> ModelConfig:
     except text_format.ParseError as exc:
         raise ModelConfigError(
             f"{source} is not a valid Triton model config: {exc}. Compare it with "
-            "https://github.com/triton-inference-server/common/blob/main/protobuf/model_config.proto"
+            "https://github.com/triton-inference-server/common/blob/r24.10/protobuf/model_config.proto"
         ) from exc
 
 
