@@ -3,14 +3,14 @@
 ``tritonbackend.h`` says that ``TRITONBACKEND_ResponseSend`` "transfers ownership of the response
 object to Triton. The caller must not access or delete the response object after calling this
 function." - on failure too: core's implementation
-(https://github.com/triton-inference-server/core/blob/main/src/backend_model.cc,
+(https://github.com/triton-inference-server/core/blob/r24.10/src/backend_model.cc,
 ``TRITONBACKEND_ResponseSend``) wraps the response in a ``std::unique_ptr`` before it sends, so a
 ``TRITONBACKEND_ResponseDelete`` after a failed send frees it a second time. ``scale.c`` and
 ``digits_prep.c`` did exactly that until issue 15.
 
 Why a static check and not a test that takes the failing path under load: in the core sources we
 read (``InferenceResponse::Send`` / ``SendWithStatus`` in
-https://github.com/triton-inference-server/core/blob/main/src/infer_response.cc), every path of
+https://github.com/triton-inference-server/core/blob/r24.10/src/infer_response.cc), every path of
 the send returns ``Status::Success`` - the response goes to the delegator or to the front end's
 completion callback, and nothing the send does can report an error. Triton 2.51 offers no request
 parameter, server option or fault injection that makes ``ResponseSend`` fail, so the error branch
