@@ -123,6 +123,66 @@ def test_top3_answer_leaves_the_other_classes_unknown() -> None:
         class_scores({"OTHER": np.zeros(3)})
 
 
+# ------------------------------------------------------------------------------ the panel, no server
+def _recorded_inspection(recorded):
+    """An :class:`Inspection` of the recorded ensemble burst (a real server's trace and statistics)."""
+    from lab_backends.lessons.inspector import Inspection
+    from lab_backends.lessons.inspector.wire import InputFit, Sent
+
+    log, meta = recorded
+    execs = evidence.executions(log, meta["burst"])
+    execs["instance"] = "digits_onnx_0_0"
+    scores = np.full(10, np.nan)
+    scores[[7, 1, 9]] = [0.9, 0.06, 0.01]
+    return Inspection(
+        "digits_ensemble", "gRPC", meta["burst"], meta["copies"],
+        InputFit("IMAGE", np.zeros((1, 8, 8), np.uint8), "the raw drawing"),
+        Sent("gRPC", meta["burst"], "ModelInferRequest {...}", 120, 200, 2.0, {}), scores, 7, log, execs,
+        stats.window(_json("stats_before.json"), _json("stats_after.json"), "digits_ensemble"),
+        "none: an ensemble runs no code of its own", {"wire": "recorded"},
+    )
+
+
+def _images(widget) -> list:
+    """Every ``ipywidgets.Image`` the panel's widget tree holds (what a browser would draw)."""
+    import ipywidgets as w
+
+    found = [widget] if isinstance(widget, w.Image) else []
+    for child in getattr(widget, "children", ()):
+        found += _images(child)
+    return found
+
+
+def _texts(widget) -> str:
+    import ipywidgets as w
+
+    own = widget.value if isinstance(widget, w.HTML) else ""
+    return own + "".join(_texts(child) for child in getattr(widget, "children", ()))
+
+
+def test_no_image_before_the_first_send_only_a_line_saying_what_comes() -> None:
+    """Finding: two broken-image icons before the first send (an empty Image draws as one)."""
+    panel = RequestInspector(None, models=("digits_ensemble",))
+    assert _images(panel.widget) == []
+    assert "answer chart" in _texts(panel.widget) and "waterfall of your request" in _texts(panel.widget)
+
+
+def test_an_error_takes_the_previous_figures_and_tables_away(recorded) -> None:
+    """Finding: after a failed send (blank pad) the old chart and waterfall stayed under the red line."""
+    panel = RequestInspector(None, models=("digits_ensemble",))
+    panel.show(_recorded_inspection(recorded))
+    shown = _images(panel.widget)
+    assert shown == [panel.answer, panel.waterfall] and all(bytes(i.value).startswith(b"\x89PNG") for i in shown)
+    assert "Where each figure came from" in panel.details.value and panel.wire.value
+    assert panel.send() is None  # the pad is blank: refused before any server is asked
+    assert "blank" in panel.status.value and "#b00020" in panel.status.value
+    assert _images(panel.widget) == [] and panel.details.value == "" and panel.wire.value == ""
+    assert not panel.answer.value and not panel.waterfall.value
+    assert "last send failed" in _texts(panel.widget)
+    panel.show(_recorded_inspection(recorded))  # the next good answer brings the figures back
+    assert _images(panel.widget) == [panel.answer, panel.waterfall]
+
+
 # ------------------------------------------------------------------------------ a real server
 MODELS = ["digits_preprocess", "digits_onnx", "digits_postprocess", "digits_ensemble"]
 
@@ -173,7 +233,9 @@ def test_errors_end_in_the_panel_and_it_stays_usable(server) -> None:
     panel.model.value = "digits_torch"  # in the repository, not loaded on this server
     assert panel.send() is None and "digits_torch" in panel.error and not panel.send_button.disabled
     panel.model.value = "digits_ensemble"
-    assert panel.send() is not None and panel.error == ""
+    assert panel.send() is not None and panel.error == "" and len(_images(panel.widget)) == 2
+    panel.model.value = "digits_torch"
+    assert panel.send() is None and _images(panel.widget) == [] and panel.details.value == ""
 
 
 @pytest.mark.server

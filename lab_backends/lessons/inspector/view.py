@@ -5,7 +5,9 @@ shows comes from that call's :class:`Inspection` (the wire bytes, the trace file
 API, the live config), and a "where each figure came from" list says so under the figures.
 Errors (a blank pad, a model that is not loaded, a request the server refuses) end as one short
 red line; the full text stays in :attr:`RequestInspector.error` and the panel stays usable, like
-:class:`lab_backends.lessons.widgets.BatchingPanel`.
+:class:`lab_backends.lessons.widgets.BatchingPanel`. An error also takes the previous send's figures
+and tables away (nothing stale beside the red line), and until a send succeeds the two picture slots
+hold a line of text, never an empty ``Image`` (which a browser draws as a broken-image icon).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from .wire import PROTOCOLS
 #: Models offered by default: every digits model whose input a drawing fills.
 MODELS = ("digits_ensemble", "digits_bls", "digits_ensemble_c", "digits_onnx", "digits_torch",
           "digits_logreg", "digits_forest")
+
+
+#: What the picture slots say before the first send, and after a failed one.
+WAITING = {
+    "answer": "The answer chart (10 class scores) appears here after <b>Send 1</b>.",
+    "waterfall": "The waterfall of your request, read from the server's trace file, appears here after a send.",
+}
+FAILED = "No figures: the last send failed (the red line says why); the previous send's figures were taken away."
 
 
 def _short(exc: BaseException) -> str:
@@ -52,17 +62,20 @@ class RequestInspector:
         self.send_button.on_click(lambda _b: self.send(1))
         self.burst_button.on_click(lambda _b: self.send(int(self.burst.value)))
         self.status = w.HTML("Draw a digit (or pick one), choose a model and a protocol, press <b>Send 1</b>.")
+        # The images join the panel only once they hold a picture: an empty Image is a broken icon.
         self.answer = w.Image(format="png", layout=w.Layout(max_width="420px"))
         self.answer.add_class("lab-inspector-answer")
+        self.answer_slot = w.Box([self._note(WAITING["answer"], "336px")])
         self.wire = w.HTML()
         self.wire.add_class("lab-inspector-wire")
         self.waterfall = w.Image(format="png", layout=w.Layout(max_width="860px"))
         self.waterfall.add_class("lab-inspector-waterfall")
+        self.waterfall_slot = w.Box([self._note(WAITING["waterfall"])])
         self.details = w.HTML()
         self.details.add_class("lab-inspector-details")
         controls = w.VBox([self.model, self.protocol, self.burst, w.HBox([self.send_button, self.burst_button])])
-        self.widget = w.VBox([w.HBox([self.pad.widget, controls, self.answer]), self.status,
-                              self.wire, self.waterfall, self.details])
+        self.widget = w.VBox([w.HBox([self.pad.widget, controls, self.answer_slot]), self.status,
+                              self.wire, self.waterfall_slot, self.details])
         self.widget.add_class("lab-request-inspector")
         self.error = ""
         self.last: core.Inspection | None = None
@@ -102,6 +115,21 @@ class RequestInspector:
         colour = "#b00020" if error else "#1b5e20"
         self.status.value = f"<span style='color:{colour}'>{html.escape(text)}</span>"
 
+    @staticmethod
+    def _note(text: str, width: str = "") -> Any:
+        import ipywidgets as w
+
+        note = w.HTML(f"<i style='color:#666666'>{text}</i>", layout=w.Layout(width=width or "auto"))
+        note.add_class("lab-inspector-placeholder")
+        return note
+
+    def clear(self, why: str = FAILED) -> None:
+        """Take the last figures, wire view and tables away; the picture slots say ``why`` instead."""
+        self.answer_slot.children = (self._note(why, "336px"),)
+        self.waterfall_slot.children = (self._note(why),)
+        self.answer.value = self.waterfall.value = b""
+        self.wire.value = self.details.value = ""
+
     def send(self, burst: int = 1) -> core.Inspection | None:
         """Send the pad's digit (``burst`` copies at once) and show what the server did with it."""
         from tritonclient.utils import InferenceServerException
@@ -113,17 +141,26 @@ class RequestInspector:
             result = core.inspect(self.server, self.model.value, self.pad.image, self.protocol.value, burst=burst)
         except (LabBackendsError, InferenceServerException, OSError) as exc:
             self.error = str(exc)
+            self.clear()
             self._set_status(_short(exc), error=True)
             return None
         except Exception as exc:  # noqa: BLE001 - a button callback's traceback is invisible: show it, keep it
             self.error = traceback.format_exc()
+            self.clear()
             self._set_status(f"unexpected {type(exc).__name__}: {_short(exc)} (full text in .error)", error=True)
             return None
         finally:
             self.send_button.disabled = self.burst_button.disabled = False
         self.last = result
         self.history.append(result)
-        self.show(result)  # the figures first: a status that says "answered" means the panel is complete
+        try:
+            self.show(result)  # the figures first: a status that says "answered" means the panel is complete
+        except Exception as exc:  # noqa: BLE001 - as above: a figure that cannot be drawn is said, not lost
+            self.error = traceback.format_exc()
+            self.clear()
+            self._set_status(f"the answer came back, but drawing it failed: {type(exc).__name__}: {_short(exc)} "
+                             "(full text in .error)", error=True)
+            return result
         self._set_status(result.summary())
         return result
 
@@ -131,6 +168,8 @@ class RequestInspector:
         """Fill the answer chart, the wire view, the waterfall and the tables from ``result``."""
         self.answer.value = figures.answer_png(result)
         self.waterfall.value = figures.waterfall_png(result)
+        self.answer_slot.children = (self.answer,)
+        self.waterfall_slot.children = (self.waterfall,)
         self.wire.value = ("<b>On the wire</b> (" + html.escape(result.sources["wire"]) + ")<pre style='max-height:"
                            "260px;overflow:auto;font-size:11px;border:1px solid #ddd;padding:4px'>"
                            + html.escape(result.sent.text) + "</pre>")
