@@ -183,6 +183,20 @@ def test_an_error_takes_the_previous_figures_and_tables_away(recorded) -> None:
     assert _images(panel.widget) == [panel.answer, panel.waterfall]
 
 
+def test_shared_with_says_how_many_it_leaves_out(recorded) -> None:
+    """Finding: the "shared with" list was cut at 6 without a word."""
+    assert evidence.shared_text([]) == "no other request"
+    ids = [f"r-copy{i}" for i in range(1, 32)]
+    assert evidence.shared_text(ids) == "r-copy1, r-copy2, r-copy3, r-copy4, r-copy5, r-copy6 … and 25 more"
+    assert evidence.shared_text(ids[:6]) == ", ".join(ids[:6])  # nothing left out, nothing said
+    result = _recorded_inspection(recorded)
+    result.executions["shared_with"] = [ids] * len(result.executions)
+    assert "(shared with r-copy1, " in result.summary() and "… and 25 more)" in result.summary()
+    panel = RequestInspector(None, models=("digits_ensemble",))
+    panel.show(result)
+    assert "r-copy1, r-copy2, r-copy3, r-copy4 … and 27 more" in panel.details.value
+
+
 # ------------------------------------------------------------------------------ a real server
 MODELS = ["digits_preprocess", "digits_onnx", "digits_postprocess", "digits_ensemble"]
 

@@ -68,8 +68,13 @@ class Inspection:
         own = self.log.stages[self.log.stages["trace_id"] == int(root["trace_id"])]
         return pd.concat([own, self.log.family(int(root["trace_id"]))]).drop_duplicates()
 
+    @property
+    def shared_with(self) -> list[str]:
+        """Every other request that shared an execution with this one (in any step)."""
+        return sorted({r for s in self.executions["shared_with"] for r in s})
+
     def summary(self) -> str:
-        shared = ", ".join(sorted({r for s in self.executions["shared_with"] for r in s})[:6]) or "no other request"
+        shared = evidence.shared_text(self.shared_with)
         return (
             f"{self.model} answered {self.predicted} over {self.protocol} in {self.sent.latency_ms:.1f} ms "
             f"(server trace: {float(self.root['total_ms']):.2f} ms); largest batch {self.batch_size} "

@@ -13,7 +13,8 @@ run in a batch of 4 while its postprocessing runs alone.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -162,6 +163,20 @@ def stage_sum_ms(log: TraceLog, request_id: str) -> float:
         elif end > reach:
             covered, reach = covered + end - reach, end
     return covered / 1e6
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that puts ``copy2`` before ``copy10``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def shared_text(request_ids: Iterable[str], limit: int = 6) -> str:
+    """The other requests of a batch as text: at most ``limit`` ids, then "… and N more" (never cut silently)."""
+    ids = sorted(set(request_ids), key=_natural)
+    if not ids:
+        return "no other request"
+    shown = ", ".join(ids[:limit])
+    return shown if len(ids) <= limit else f"{shown} … and {len(ids) - limit} more"
 
 
 def window_table(window: Any) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import numpy as np
 from lab_backends.errors import LabBackendsError
 
 from . import core, figures
-from .evidence import window_table
+from .evidence import shared_text, window_table
 from .pad import DigitPad
 from .wire import PROTOCOLS
 
@@ -174,6 +174,7 @@ class RequestInspector:
                            "260px;overflow:auto;font-size:11px;border:1px solid #ddd;padding:4px'>"
                            + html.escape(result.sent.text) + "</pre>")
         execs = result.executions[["model", "instance", "batch_size", "shared_with", "compute_ms"]].round(3)
+        execs["shared_with"] = [shared_text(ids, limit=4) for ids in execs["shared_with"]]
         sources = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in result.sources.items())
         self.details.value = (
             f"<b>Batch</b> (largest: {result.batch_size}) — executions that worked on this request:"
