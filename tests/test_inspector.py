@@ -139,7 +139,7 @@ def _recorded_inspection(recorded):
         InputFit("IMAGE", np.zeros((1, 8, 8), np.uint8), "the raw drawing"),
         Sent("gRPC", meta["burst"], "ModelInferRequest {...}", 120, 200, 2.0, {}), scores, 7, log, execs,
         stats.window(_json("stats_before.json"), _json("stats_after.json"), "digits_ensemble"),
-        "none: an ensemble runs no code of its own", {"wire": "recorded"},
+        "none: an ensemble runs no code of its own", {"wire": "recorded"}, "ensemble",
     )
 
 
@@ -197,6 +197,26 @@ def test_shared_with_says_how_many_it_leaves_out(recorded) -> None:
     assert "r-copy1, r-copy2, r-copy3, r-copy4 … and 27 more" in panel.details.value
 
 
+def test_an_ensembles_average_batch_of_one_is_explained(recorded) -> None:
+    """Finding: "average batch 1.0" beside steps that ran batches, unexplained.
+
+    Recorded from a real server: the ensemble's own statistics counted 6 executions for 6 requests
+    while its steps ran them in one batch of 6 (core r24.10 ensemble_scheduler.cc:94-98).
+    """
+    result = _recorded_inspection(recorded)
+    assert result.window.requests == result.window.executions == 6 and result.window.avg_batch == 1.0
+    assert result.batch_size == 6
+    note = evidence.ensemble_batch_note(result.model, result.window, result.executions)
+    assert "average batch is 1.0" in note and "6 executions for 6 requests" in note
+    assert "digits_preprocess 6" in note and "ensemble_scheduler.cc:94-98" in note
+    panel = RequestInspector(None, models=("digits_ensemble",))
+    panel.show(result)
+    assert "lab-inspector-ensemble-note" in panel.details.value
+    result.platform = "onnxruntime_onnx"  # a model with its own scheduler: its statistics need no note
+    panel.show(result)
+    assert "lab-inspector-ensemble-note" not in panel.details.value
+
+
 # ------------------------------------------------------------------------------ a real server
 MODELS = ["digits_preprocess", "digits_onnx", "digits_postprocess", "digits_ensemble"]
 
@@ -234,6 +254,8 @@ def test_panel_figures_match_the_trace_file_and_statistics(server, protocol) -> 
     assert result.predicted == 7 and "LABELS" in result.sent.text
     assert panel.answer.value and panel.waterfall.value and "On the wire" in panel.wire.value
     assert "Where each figure came from" in panel.details.value
+    # The ensemble's own statistics: one execution per request, whatever its steps batched.
+    assert result.window.executions == result.window.requests and "lab-inspector-ensemble-note" in panel.details.value
 
 
 @pytest.mark.server

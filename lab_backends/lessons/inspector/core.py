@@ -51,6 +51,8 @@ class Inspection:
     window: ServerWindow
     instance: str
     sources: dict[str, str] = field(default_factory=dict)
+    #: The model's ``platform`` from its live config (``"ensemble"`` for an ensemble, else e.g. ``""``).
+    platform: str = ""
 
     @property
     def batch_size(self) -> int:
@@ -173,4 +175,5 @@ def inspect(
         stats.window(before, after, model),
         evidence.instance_of(config),
         sources,
+        config.platform,
     )

@@ -179,6 +179,37 @@ def shared_text(request_ids: Iterable[str], limit: int = 6) -> str:
     return shown if len(ids) <= limit else f"{shown} … and {len(ids) - limit} more"
 
 
+#: Where Triton counts an ensemble's own statistics (core at r24.10, commit bfec7c61).
+ENSEMBLE_STATS_SOURCE = (
+    "core r24.10: src/ensemble_scheduler/ensemble_scheduler.cc:1449-1452 (each request gets its own "
+    "EnsembleContext: no queue, no batcher), src/ensemble_scheduler/ensemble_scheduler.cc:94-98 (when its "
+    "last step is done, one execution of the request's own batch size is recorded) and "
+    "src/infer_stats.cc:418 (execution_count_++)"
+)
+
+
+def ensemble_batch_note(model: str, window: Any, execs: pd.DataFrame) -> str:
+    """Why an ensemble's own "average batch" is 1.0 while its steps ran batches: the sentence the panel shows.
+
+    Triton r24.10 schedules every ensemble request alone (``EnsembleScheduler::Enqueue`` creates one
+    ``EnsembleContext`` per request, ``src/ensemble_scheduler/ensemble_scheduler.cc:1449-1452``) and,
+    once the request's last step is done, records ONE execution of the request's own batch size
+    (``RequestTracker::DecrementCounter``, ``ensemble_scheduler.cc:94-98`` calling
+    ``UpdateInferBatchStatsWithDuration``, which does ``execution_count_++`` at ``src/infer_stats.cc:418``).
+    So the ensemble's executions equal its successful requests, and its average batch is the rows
+    per request (1 for one drawing). The batches the dynamic batcher formed are in the steps' rows.
+    """
+    steps = execs.groupby("model", sort=False)["batch_size"].max() if len(execs) else pd.Series(dtype=int)
+    per_step = ", ".join(f"{name} {int(size)}" for name, size in steps.items()) or "none traced"
+    return (
+        f"Why {model}'s own average batch is {window.avg_batch:.1f}: an ensemble has no batcher. Triton schedules "
+        f"each ensemble request alone and, when its last step is done, counts it as one execution of the "
+        f"request's own batch size ({window.executions} executions for {window.requests} requests here). "
+        f"The batching happens in its steps, each with its own scheduler: largest batch per step in this send: "
+        f"{per_step} (from the trace). Source: Triton {ENSEMBLE_STATS_SOURCE}."
+    )
+
+
 def window_table(window: Any) -> pd.DataFrame:
     """The statistics delta as a two-column table a notebook can show."""
     rows = [

@@ -21,7 +21,7 @@ import numpy as np
 from lab_backends.errors import LabBackendsError
 
 from . import core, figures
-from .evidence import shared_text, window_table
+from .evidence import ensemble_batch_note, shared_text, window_table
 from .pad import DigitPad
 from .wire import PROTOCOLS
 
@@ -176,10 +176,14 @@ class RequestInspector:
         execs = result.executions[["model", "instance", "batch_size", "shared_with", "compute_ms"]].round(3)
         execs["shared_with"] = [shared_text(ids, limit=4) for ids in execs["shared_with"]]
         sources = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in result.sources.items())
+        ensemble = ""
+        if result.platform == "ensemble":  # its own statistics count one execution per request: say why
+            note = ensemble_batch_note(result.model, result.window, result.executions)
+            ensemble = f"<p class='lab-inspector-ensemble-note' style='max-width:860px'>{html.escape(note)}</p>"
         self.details.value = (
             f"<b>Batch</b> (largest: {result.batch_size}) — executions that worked on this request:"
             + execs.to_html(index=False) + f"<b>Instance</b>: {html.escape(result.instance)}<br>"
             + f"<b>Statistics of {html.escape(result.model)} over this send</b>"
-            + window_table(result.window).to_html(index=False)
+            + window_table(result.window).to_html(index=False) + ensemble
             + f"<b>Where each figure came from</b><ul>{sources}</ul>"
         )
