@@ -8,21 +8,29 @@ the latency-throughput plane, plus the last run's batch sizes, server stages and
 over time, or, on a server started with a trace file, which batch ran when: the view toggle).
 
 A bad setting or a config Triton refuses ends as a short red message in the panel, not a traceback;
-the full text stays in :attr:`BatchingPanel.error`.
+the full text stays in :attr:`BatchingPanel.error`. So does anything else that goes wrong during a
+run (a button callback's traceback would only reach the kernel's log, leaving the status line on
+"running..." for good). The load itself runs on a worker thread with a deadline
+(``deadline_s``): past it, the panel says what timed out and what to do, and keeps **Run** disabled
+until that load has ended (a thread cannot be stopped; a second load beside it would measure both).
+Until the first run has drawn something, the figure's place holds a line of text, not an empty
+``Image`` (which a browser draws as a broken-image icon).
 """
 
 from __future__ import annotations
 
 import html
 import io
-from typing import Any
+import threading
+import traceback
+from typing import Any, Callable
 
 import pandas as pd
 
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
 from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
 from lab_backends.measure import plots
-from lab_backends.measure.loadgen import LoadResult, run_closed
+from lab_backends.measure.loadgen import LoadResult, example_inputs, run_closed
 from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.server.config_changes import apply_config
 from lab_backends.server.running import RunningServer
@@ -34,6 +42,46 @@ HINT = (
     "a delay raised step by step, measuring each step. "
     "Preferred sizes are for specific cases (a backend that runs a few batch sizes best)."
 )
+#: How long Run waits for its load (warm-up, measured window, statistics) before giving up on it.
+#: A run takes seconds (``duration_s`` is a few); a minute means something is stuck.
+DEADLINE_S = 60.0
+
+
+class LoadDeadlineError(LabBackendsError, TimeoutError):
+    """The panel's load did not end within its deadline."""
+
+
+class _Load:
+    """One load on a worker thread, so that Run can stop waiting for it; ``lock`` orders the reports."""
+
+    def __init__(self, work: Callable[[], LoadResult], lock: threading.Lock,
+                 late_end: Callable[[_Load], None]) -> None:
+        self.result: LoadResult | None = None
+        self.exc: BaseException | None = None
+        self.done = self.abandoned = False
+        self.lock, self.late_end = lock, late_end
+        self.thread = threading.Thread(target=self._work, args=(work,), name="lab-panel-load", daemon=True)
+
+    def _work(self, work: Callable[[], LoadResult]) -> None:
+        try:
+            self.result = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which shows it
+            self.exc = exc
+        finally:
+            with self.lock:
+                self.done = True
+                if self.abandoned:
+                    self.late_end(self)
+
+    def wait(self, seconds: float, abandon: Callable[[], None]) -> bool:
+        """Start, wait up to ``seconds``; False (after ``abandon()``, before any late report) if still running."""
+        self.thread.start()
+        self.thread.join(seconds)
+        with self.lock:
+            if not self.done:
+                self.abandoned = True
+                abandon()
+            return self.done
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -76,12 +124,17 @@ class BatchingPanel:
         requests: int = 300,
         duration_s: float = 4.0,
         concurrency: int = 16,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         import ipywidgets as w
 
         self.server, self.model, self.protocol = server, model, protocol
-        self.requests, self.duration_s = requests, duration_s
+        self.requests, self.duration_s, self.deadline_s = requests, duration_s, deadline_s
         self.base = server.model_config(model)
+        # Built here, on the cell's thread: inside the load, server.model_config (tritonclient.http,
+        # gevent) fails with "Cannot switch to a different thread" on any other thread, such as a
+        # button callback's or the load's worker. The batcher settings do not change the inputs.
+        self.inputs = example_inputs(self.base)
         batching = self.base.dynamic_batching if self.base.HasField("dynamic_batching") else None
         style = {"description_width": "170px"}
         layout = w.Layout(width="480px")
@@ -124,8 +177,11 @@ class BatchingPanel:
         self.last_batches: pd.DataFrame | None = None
         self.status = w.HTML(value=HINT)
         self.image = w.Image(format="png", layout=w.Layout(max_width="980px"))
+        # The image joins the panel with its first picture: an empty Image is a broken-image icon.
+        self.placeholder = w.HTML("<i style='color:#666666'>The figure appears here after the first <b>Run</b>.</i>")
+        self.figure_slot = w.Box([self.placeholder])
         self.run_button.on_click(lambda _button: self.run())
-        self.view.observe(lambda _change: self.redraw() if self.last is not None else None, names="value")
+        self.view.observe(lambda _change: self._toggle(), names="value")
         self.widget = w.VBox(
             [
                 w.HBox(
@@ -135,13 +191,15 @@ class BatchingPanel:
                     ]
                 ),
                 self.status,
-                self.image,
+                self.figure_slot,
             ]
         )
         self.runs: list[dict[str, Any]] = []
         self.last: LoadResult | None = None
         self.error: str = ""
         self._figure = None
+        self._lock = threading.Lock()
+        self._stuck = False  # a load past its deadline still runs (guarded by _lock)
 
     # The panel displays as its widget in a notebook cell.
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -178,39 +236,53 @@ class BatchingPanel:
         self.status.value = f"<span style='color:{colour}'>{html.escape(text)}</span>"
 
     def run(self) -> dict[str, Any] | None:
-        """Reconfigure, load, redraw. Returns the new history row, or ``None`` after an error."""
+        """Reconfigure, load, redraw. Returns the new history row, or ``None`` after an error.
+
+        Whatever goes wrong ends in the status line (and :attr:`error`), never only in the kernel's log.
+        """
         from tritonclient.utils import InferenceServerException
 
+        with self._lock:
+            if self._stuck:
+                self._set_status("the load that timed out is still running: Run comes back when it ends "
+                                 "(server.restart() ends it)", error=True)
+                return None
         self.error = ""
         self.run_button.disabled = True
         try:
-            override = self.override()
-            self._set_status(f"reloading {self.model} ({self.label()})...")
-            apply_config(self.server, self.model, override, self.base)
-            self._set_status(f"running {self.concurrency.value} in flight...")
-            self.timeline.open()
-            result = run_closed(
-                self.server,
-                self.model,
-                int(self.concurrency.value),
-                protocol=self.protocol,
-                requests=self.requests,
-                duration_s=self.duration_s,
-            )
+            return self._run()
+        except LoadDeadlineError:
+            return None  # said in the panel already, in order with the load's late end (see _load)
         except (LabBackendsError, InferenceServerException, OSError) as exc:
             self.error = str(exc)
             refused = isinstance(exc, (InferenceServerException, ModelLoadError))
             prefix = "Triton refused this setting: " if refused else ""
             self._set_status(f"{prefix}{_short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
-            self.timeline.close()
+            return None
+        except Exception as exc:  # noqa: BLE001 - a button callback's traceback is invisible: show it, keep it
+            self.error = traceback.format_exc()
+            kind = type(exc).__qualname__
+            kind = kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}"  # greenlet.error
+            self._set_status(f"unexpected {kind} during the run: {_short(exc)} (full text in .error)", error=True)
             return None
         finally:
-            self.run_button.disabled = False
+            try:
+                self.timeline.close()
+            finally:
+                with self._lock:
+                    self.run_button.disabled = self._stuck
+
+    def _run(self) -> dict[str, Any]:
+        override = self.override()
+        self._set_status(f"reloading {self.model} ({self.label()})...")
+        apply_config(self.server, self.model, override, self.base)
+        self._set_status(f"running {self.concurrency.value} in flight (at most {self.deadline_s:g} s)...")
+        self.timeline.open()
+        result = self._load()
         self.last = result
-        try:
-            self.last_batches = self._batches(result)
-        finally:
-            self.timeline.close()
+        if self.timeline.available:
+            self._set_status("reading the run's batches from the trace...")
+        self.last_batches = self._batches(result)
         row = {"run": len(self.runs) + 1, "config": self.label(), **result.row()}
         self.runs.append(row)
         summary = result.summary
@@ -221,9 +293,53 @@ class BatchingPanel:
         )
         if summary["errors"]:
             message += f"; {summary['errors']} errors, first: {summary['first_error'][:200]}"
+        self.redraw()  # the figure first: a status that shows the numbers means the panel is complete
         self._set_status(message, error=bool(summary["errors"]))
-        self.redraw()
         return row
+
+    def _load(self) -> LoadResult:
+        """The closed-loop load on a worker thread; :class:`LoadDeadlineError` past ``deadline_s``."""
+        concurrency = int(self.concurrency.value)
+        what = (f"the load ({concurrency} in flight, at most {self.requests} requests or {self.duration_s:g} s "
+                f"after a short warm-up)")
+        advice = ("The server may be stuck or this machine overloaded: check server.is_ready() and the end of "
+                  "server.log_text(). Run comes back when that load ends (server.restart() ends it); then press "
+                  "Run again.")
+
+        def late_end(load: _Load) -> None:  # on the worker, under the lock, after the deadline message
+            self._stuck = False
+            self.run_button.disabled = False
+            how = f"failed ({type(load.exc).__name__}: {_short(load.exc)})" if load.exc is not None else "ended"
+            self._set_status(f"{what} {how} {self.deadline_s:g}+ s after it started, too late to count; "
+                             "Run is available again.", error=True)
+
+        message = f"{what} did not finish within {self.deadline_s:g} s. {advice}"
+
+        def abandon() -> None:  # under the lock: said before any late_end can say more
+            self._stuck = True
+            self.error = message
+            self._set_status(message, error=True)
+
+        load = _Load(lambda: run_closed(self.server, self.model, concurrency, protocol=self.protocol,
+                                        inputs=self.inputs, requests=self.requests, duration_s=self.duration_s),
+                     self._lock, late_end)
+        if not load.wait(self.deadline_s, abandon):
+            raise LoadDeadlineError(message)
+        if load.exc is not None:
+            raise load.exc
+        assert load.result is not None
+        return load.result
+
+    def _toggle(self) -> None:
+        """The view toggle: redraw the last run (a failure is said in the panel, like Run's)."""
+        if self.last is None:
+            return
+        try:
+            self.redraw()
+        except Exception as exc:  # noqa: BLE001 - an observer's traceback is invisible too
+            self.error = traceback.format_exc()
+            self._set_status(f"redrawing failed: {type(exc).__name__}: {_short(exc)} (full text in .error)",
+                             error=True)
 
     def _batches(self, result: LoadResult) -> pd.DataFrame | None:
         """The last run's batches (see :mod:`~lab_backends.lessons.panel_timeline`), or ``None`` untraced."""
@@ -272,3 +388,4 @@ class BatchingPanel:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)
         self.image.value = buffer.getvalue()
+        self.figure_slot.children = (self.image,)
