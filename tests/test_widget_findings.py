@@ -12,9 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from lab_backends.lessons import widgets
+from lab_backends.lessons.panel_timeline import label_batches
+from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.repository import read_config
 
@@ -124,6 +127,45 @@ def test_a_failed_redraw_of_the_view_toggle_ends_in_the_panel(monkeypatch) -> No
     assert "redrawing failed: ValueError: no axes" in panel.status.value and "Traceback" in panel.error
 
 
+def _crowded() -> pd.DataFrame:
+    """Two lanes: 60 batches of 5 ms back to back, then 3 of 150 ms (a 4 s run has hundreds of narrow ones)."""
+    rows = [("lane 1", i * 5_000_000, i * 5_000_000 + 4_800_000, 16) for i in range(60)]
+    rows += [("lane 2", 300_000_000 + i * 151_000_000, 450_000_000 + i * 151_000_000, 7) for i in range(3)]
+    return pd.DataFrame(rows, columns=["instance", "start_ns", "end_ns", "size"])
+
+
+def _label_boxes(ax) -> list:
+    renderer = ax.figure.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in ax.texts]
+
+
+def _overlaps(boxes) -> int:
+    return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_timeline_labels_only_where_they_fit_and_never_overlap() -> None:
+    """Finding: the batch timeline's labels overlapped (a fixed 4 ms minimum, whatever the scale)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    table = _crowded()
+    fig = Figure(figsize=(11, 7))  # the panel's figure, its timeline in the lower right
+    FigureCanvasAgg(fig)
+    old, new = fig.subplots(2, 2)[1]
+    batch_timeline(table, old)  # the chart's own rule: labels on every bar of 4 ms or more
+    batch_timeline(table, new, label_min_ms=float("inf"))
+    fig.tight_layout()
+    written = label_batches(new, table)
+    assert _overlaps(_label_boxes(old)) > 0  # what the learner saw
+    boxes = _label_boxes(new)
+    assert written == len(boxes) == 3 and _overlaps(boxes) == 0  # the three wide bars keep theirs
+    lane_2 = table[table["instance"] == "lane 2"]
+    for box, (start, end) in zip(boxes, lane_2[["start_ns", "end_ns"]].itertuples(index=False)):
+        (left, _), (right, _) = new.transData.transform([(start / 1e6, 1), (end / 1e6, 1)])  # origin: 0 ns
+        assert left < box.x0 and box.x1 < right  # inside its own bar
+    assert label_batches(new, table.iloc[:0]) == 0
+
+
 # ------------------------------------------------------------------------------ a real server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -140,6 +182,7 @@ def test_panel_runs_from_a_callback_thread_with_a_deadline(server) -> None:
     different thread", not caught, the status left on "running N in flight..." and the run never recorded.
     """
     panel = widgets.BatchingPanel(server, MODEL, requests=40, duration_s=1.0, concurrency=4, deadline_s=0.05)
+    panel.view.value = "batch timeline"
     worker = threading.Thread(target=panel.run)  # not the thread whose client read the config
     worker.start()
     worker.join(60)
@@ -153,4 +196,5 @@ def test_panel_runs_from_a_callback_thread_with_a_deadline(server) -> None:
     assert rows and rows[0] is not None and rows[0]["errors"] == 0, panel.error
     assert "req/s" in panel.status.value and len(panel.runs) == 1
     assert _images(panel.widget) == [panel.image] and bytes(panel.image.value).startswith(b"\x89PNG")
-    assert panel.last_batches is not None
+    timeline = panel._figure.axes[3]
+    assert panel.last_batches is not None and _overlaps(_label_boxes(timeline)) == 0

@@ -74,3 +74,42 @@ class TimelineWindow:
         spans = compute_spans(run, self.model)
         spans["request_id"] = spans["request_id"].fillna("").astype(str) + "#" + new["trace_id"].astype(str).to_numpy()
         return lanes(spans)
+
+
+def _renderer(figure: Any) -> Any:
+    """A renderer to measure text with (a bare ``Figure`` has none until it is given a canvas)."""
+    if not hasattr(figure.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(figure)
+    return figure.canvas.get_renderer()
+
+
+def label_batches(ax: Any, table: pd.DataFrame, pad_px: float = 2.0) -> int:
+    """Write each batch's size inside its bar of a :func:`~lab_backends.measure.plots_batches.batch_timeline`
+    drawn without labels, only where the text fits inside the bar; returns how many were written.
+
+    A fixed minimum width in ms (the chart's own rule) lets a 4 s run put "16" on 5 ms bars a pixel
+    wide, one over the next. Here each label is measured on the final layout (call this after
+    ``tight_layout``): wider than its bar minus ``pad_px`` each side, it is left out. Bars of one
+    lane never overlap, so the labels kept never overlap either.
+    """
+    if table.empty:
+        return 0
+    renderer = _renderer(ax.figure)
+    ax.get_xlim()  # brings the (lazily autoscaled) data limits up to date before transData is used
+    origin = int(table["start_ns"].min())
+    lanes_in_order = sorted(table["instance"].unique())  # the rows batch_timeline drew, bottom up
+    written = 0
+    for row_index, name in enumerate(lanes_in_order):
+        rows = table[table["instance"] == name]
+        for start_ns, end_ns, size in rows[["start_ns", "end_ns", "size"]].itertuples(index=False):
+            start, end = (int(start_ns) - origin) / 1e6, (int(end_ns) - origin) / 1e6
+            (left, _), (right, _) = ax.transData.transform([(start, row_index), (end, row_index)])
+            text = ax.text((start + end) / 2, row_index, str(int(size)), ha="center", va="center",
+                           fontsize="x-small", color="white", clip_on=True)
+            if text.get_window_extent(renderer).width + 2 * pad_px > right - left:
+                text.remove()
+            else:
+                written += 1
+    return written

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
-from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow
+from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow, label_batches
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, example_inputs, run_closed
 from lab_backends.measure.plots_batches import batch_timeline
@@ -376,15 +376,20 @@ class BatchingPanel:
             axes[0, 0].legend(fontsize="x-small")
             axes[0, 0].grid(alpha=0.3)
             plots.server_breakdown(frame.tail(6), axes[0, 1])
+        timeline = self.last is not None and self.view.value == "batch timeline" and self.last_batches is not None
         if self.last is not None:
             plots.batch_histogram(self.last.server, axes[1, 0], label="last run")
-            if self.view.value == "batch timeline" and self.last_batches is not None:
-                batch_timeline(self.last_batches, axes[1, 1], title="Last run: batches on lanes (label = batch size)")
+            if timeline:
+                # Labels are placed below, once the layout is final: only inside bars wide enough for them.
+                batch_timeline(self.last_batches, axes[1, 1], label_min_ms=float("inf"),
+                               title="Last run: batches on lanes (label = batch size, where it fits)")
             else:
                 plots.over_time(self.last, axes[1, 1])
                 if self.view.value == "batch timeline":
                     axes[1, 1].set_title(NEEDS_TRACE.split(":")[0], fontsize="small")
         fig.tight_layout()
+        if timeline:
+            label_batches(axes[1, 1], self.last_batches)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)
         self.image.value = buffer.getvalue()
