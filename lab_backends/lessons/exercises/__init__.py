@@ -17,6 +17,7 @@ from lab_backends.lessons.exercises import (  # noqa: F401
     management,
     pipelines,
     python_backend,
+    queue_policy,
     rest_json,
     sequences,
     tracing,
