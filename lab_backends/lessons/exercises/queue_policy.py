@@ -65,7 +65,7 @@ def _check_queue_holds_one_batch(answer: Any, server: RunningServer | None) -> s
     if answer is None:
         raise NotImplementedError("set my_policy to your override (a dict or a function) and run the check again")
     with contextlib.ExitStack() as stack:
-        if server is None:
+        if server is None or not server.model_ready(MODEL):  # e.g. a server started for another lesson
             server = stack.enter_context(TritonServer(models=[MODEL], target="local"))
         live = server.model_config(MODEL)
         base = burst_base(live)
