@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make lab   - set up (once) and start JupyterLab on notebooks/ (each notebook starts a real Triton)
-#   make test  - set up (once) and run every test, notebooks included
+#   make test  - set up (once) and run every test, the exercise audit and the notebooks included
 #   make book  - execute every notebook and render them, plots included, into build/book/
 PYTHON ?= python3
 VENV   := .venv
@@ -46,6 +46,7 @@ browser-deps:
 test: setup browser-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests
+	$(VENV)/bin/lab-backends exercises audit
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=60 notebooks
 	$(PY) -m lab_backends.book render
 	$(PY) -m pytest tests/check_book.py

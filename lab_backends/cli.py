@@ -8,6 +8,8 @@ Sub-commands:
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
   bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
+  exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
+                wrong and alternative answers (one line per exercise; ``make test`` runs it)
 """
 
 from __future__ import annotations
@@ -192,6 +194,23 @@ def _plan_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exercises(args: argparse.Namespace) -> int:
+    """``exercises audit``: exit 1 when any exercise falls short (its lines say how)."""
+    from lab_backends.lessons.exercises import EXERCISES
+    from lab_backends.lessons.exercises.audit import audit
+
+    unknown = sorted(set(args.only or ()) - set(EXERCISES))
+    if unknown:
+        print(f"error: no exercise named {', '.join(unknown)}; known: {', '.join(sorted(EXERCISES))}",
+              file=sys.stderr)
+        return 2
+    verdicts = audit(args.only or None, emit=lambda line: print(line, flush=True))
+    short = [v.name for v in verdicts if not v.ok]
+    if short:
+        print(f"{len(short)} of {len(verdicts)} exercises fall short: {', '.join(short)}", file=sys.stderr)
+    return 1 if short else 0
+
+
 def _port(text: str) -> int:
     """A TCP port, checked here so that ``--http-port 70000`` is a one-line error, not a traceback."""
     try:
@@ -255,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan_class.add_argument("--speedup", type=float, default=1.0, help="GPU replica speed vs this CPU (default 1)")
     plan_class.add_argument("--instances", type=int, default=1, help="instances per model per replica")
     plan_class.set_defaults(func=_plan_class)
+
+    exercises = sub.add_parser("exercises", help="check the exercises' checkers (audit)")
+    exercises.add_argument(
+        "action", choices=["audit"], help="audit: skeleton, reference, wrong and alternative answers"
+    )
+    exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
+    exercises.set_defaults(func=_exercises)
     return parser
 
 

@@ -1,18 +1,27 @@
-"""lab_backends.lessons.exercises: every reference solution passes its checker against a real server, and
-the checkers reject wrong answers (a checker that cannot fail checks nothing)."""
+"""lab_backends.lessons.exercises: the registry, the one-line verdicts, and the audit's own machinery.
+
+Every checker meets its skeleton, reference, wrong and alternative answers in the exercise audit
+(``lab-backends exercises audit``, a step of ``make test``; cases in tests/exercise_cases/). The
+tests here check what the audit rests on, with a throw-away exercise and no server, so that an
+audit that could not fail would be caught here.
+"""
 
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from lab_backends import cli
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons import exercises
-from lab_backends.server.triton_server import TritonServer
+from lab_backends.lessons.exercises import audit
+from lab_backends.lessons.exercises.audit import Wrong
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+LINE = re.compile(r"^(\w+) skeleton=(\S+) reference=(\S+) wrong=(\d+)/(\d+) rejected alternative=(\d+)/(\d+) accepted$")
 
 
 def test_every_exercise_has_a_solution_and_a_notebook_that_checks_it() -> None:
@@ -30,6 +39,20 @@ def test_every_exercise_has_a_solution_and_a_notebook_that_checks_it() -> None:
     )
 
 
+def test_every_exercise_has_enough_audit_cases() -> None:
+    for name in exercises.EXERCISES:
+        cases = audit.load_cases(name)
+        assert len(cases.wrong) >= audit.MIN_WRONG and len(cases.alternatives) >= audit.MIN_ALTERNATIVES, name
+        assert all(isinstance(w, Wrong) and w.fault and w.says for w in cases.wrong), name
+
+
+def test_every_skeleton_is_read_from_its_notebook() -> None:
+    """The audit finds each notebook's answer as handed out: a function, a string, a path or None."""
+    for name, ex in exercises.EXERCISES.items():
+        skeleton = audit.notebook_skeleton(ex)
+        assert skeleton is None or callable(skeleton) or isinstance(skeleton, (str, Path)), (name, skeleton)
+
+
 def test_unknown_exercise_and_missing_answer() -> None:
     with pytest.raises(ExerciseError, match="kserve_json_body"):
         exercises.get("nope")
@@ -37,62 +60,110 @@ def test_unknown_exercise_and_missing_answer() -> None:
         exercises.load_solution("nope")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One traced server for every check here (each start costs seconds on a busy machine)."""
-    trace_file = tmp_path_factory.mktemp("exercise-trace") / "trace.json"
-    with TritonServer(models=["cost_model"], trace_file=trace_file, trace_log_frequency=1) as started:
-        yield started
+@pytest.fixture()
+def toy(tmp_path, monkeypatch):
+    """A throw-away exercise 'toy_double' (answer(x) == 2 * x), its notebook, solution and cases."""
+    def checker(answer, server, factor=2):
+        if answer is None:
+            raise NotImplementedError("write double(x)")
+        got = answer(3)
+        if got != factor * 3:
+            raise ExerciseError(f"double(3) returned {got!r}, expected {factor * 3}: multiply by {factor}")
+        return "double(3) == 6"
+
+    monkeypatch.setitem(exercises.EXERCISES, "toy_double",
+                        exercises.Exercise("toy_double", "toy", "double x", (), checker))
+    notebooks, solutions, cases = tmp_path / "notebooks", tmp_path / "solutions", tmp_path / "cases"
+    for folder in (notebooks, solutions, cases):
+        folder.mkdir()
+    cells = [{"cell_type": "code", "source": "double = None  # your answer\n"},
+             {"cell_type": "markdown", "source": "check it"},
+             {"cell_type": "code", "source": 'print("task")\nresult = exercises.check("toy_double", double)\n'}]
+    (notebooks / "toy.ipynb").write_text(__import__("json").dumps({"cells": cells}))
+    (solutions / "toy_double.py").write_text("def answer(x):\n    return x * 2\n")
+    monkeypatch.setattr(exercises.registry, "SOLUTIONS_DIR", solutions)
+    return notebooks, cases
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("name", sorted(exercises.EXERCISES))
-def test_reference_solution_passes(name: str, server) -> None:
-    result = exercises.check(name, exercises.load_solution(name), server, quiet=True)
-    assert result.passed and result.attempted, result.message
+def _cases(folder: Path, text: str) -> None:
+    (folder / "toy_double.py").write_text("from lab_backends.lessons.exercises.audit import Wrong\n"
+                                          + textwrap.dedent(text))
+
+
+def test_the_audit_line_and_its_verdict(toy) -> None:
+    notebooks, cases = toy
+    _cases(cases, """
+        WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5"), Wrong("squares", lambda x: x * x, r"returned 9"),
+                 Wrong("zero", lambda x: 0, r"returned 0")]
+        ALTERNATIVES = [lambda x: x + x]
+    """)
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
+    assert verdict.line() == ("toy_double skeleton=not-attempted reference=pass "
+                              "wrong=3/3 rejected alternative=1/1 accepted")
+    assert verdict.ok and verdict.problems == [] and LINE.match(verdict.line())
+
+
+def test_the_audit_falls_short_for_each_kind_of_unfair_checker(toy) -> None:
+    notebooks, cases = toy
+    _cases(cases, """
+        WRONG = [Wrong("correct after all", lambda x: 2 * x, r"returned"),
+                 Wrong("refused for another reason", lambda x: x + 1, r"negative"),
+                 Wrong("crashes", lambda x: x / 0, r"returned")]
+        ALTERNATIVES = [lambda x: x * 3]
+    """)
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
+    assert not verdict.ok and verdict.rejected == 0 and verdict.accepted == 0
+    assert verdict.line().endswith("wrong=0/3 rejected alternative=0/1 accepted")
+    text = "\n".join(verdict.problems)
+    assert "correct after all): pass" in text and "refused for another reason): refused" in text
+    assert "crashes): error, expected a refusal matching /returned/: ZeroDivisionError" in text
+    assert "alternative 1: refused" in text
+
+
+def test_too_few_cases_and_a_skeleton_that_is_not_handed_out_fall_short(toy) -> None:
+    notebooks, cases = toy
+    _cases(cases, """
+        WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")]
+        ALTERNATIVES = []
+    """)
+    cell = notebooks / "toy.ipynb"
+    cell.write_text(cell.read_text().replace("double = None", "double = lambda x: 2 * x"))
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
+    assert verdict.skeleton == "pass" and not verdict.ok
+    assert any("needs >= 3 wrong answers" in p for p in verdict.problems)
+
+
+def test_a_refused_answer_is_one_line_and_raises_only_on_request(toy, capsys, monkeypatch) -> None:
+    result = exercises.check("toy_double", lambda x: x + 1)
+    out = capsys.readouterr().out
+    assert out == "✗ toy_double: double(3) returned 4, expected 6: multiply by 2\n"
+    assert result.attempted and not result.passed and "Traceback" not in out
+    with pytest.raises(ExerciseError, match="returned 4"):
+        exercises.check("toy_double", lambda x: x + 1, traceback=True)
+    monkeypatch.setenv("LAB_TRACEBACK", "1")
+    with pytest.raises(ExerciseError):
+        exercises.check("toy_double", lambda x: x + 1, quiet=True)
+    assert exercises.check("toy_double", None, quiet=True).attempted is False
+    assert exercises.check("toy_double", lambda x: x * 10, quiet=True, factor=10).passed  # inputs reach the checker
+
+
+def test_the_command_exits_non_zero_when_an_exercise_falls_short(toy, monkeypatch, capsys) -> None:
+    notebooks, cases = toy
+    _cases(cases, """
+        WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")] * 3
+        ALTERNATIVES = [lambda x: x * 3]
+    """)
+    monkeypatch.setattr(audit, "CASES_DIR", cases)
+    monkeypatch.setattr(audit, "NOTEBOOKS_DIR", notebooks)
+    monkeypatch.setattr(audit.audit_one, "__defaults__", (None, cases, notebooks))
+    assert cli.main(["exercises", "audit", "--only", "toy_double"]) == 1
+    captured = capsys.readouterr()
+    assert LINE.match(captured.out.splitlines()[0]) and "alternative=0/1" in captured.out
+    assert "1 of 1 exercises fall short: toy_double" in captured.err
+    assert cli.main(["exercises", "audit", "--only", "nope"]) == 2
 
 
 @pytest.mark.server
 def test_check_starts_its_own_server_when_given_none() -> None:
     result = exercises.check("kserve_json_body", exercises.load_solution("kserve_json_body"), quiet=True)
-    assert result.passed
-
-
-@pytest.mark.server
-def test_kserve_json_body_rejects_wrong_answers(server) -> None:
-
-    def no_batch_dim(x):
-        return {"inputs": [{"name": "INPUT0", "shape": [16], "datatype": "FP32", "data": x.flatten().tolist()}]}
-
-    def not_implemented(x):
-        raise NotImplementedError
-
-    with pytest.raises(ExerciseError, match="HTTP 400.*unexpected shape"):
-        exercises.check("kserve_json_body", no_batch_dim, server, quiet=True)
-    with pytest.raises(ExerciseError, match="must return a dict"):
-        exercises.check("kserve_json_body", lambda x: "{}", server, quiet=True)
-    with pytest.raises(ExerciseError, match="not JSON-serialisable"):
-        exercises.check("kserve_json_body", lambda x: {"inputs": [{"name": "INPUT0", "data": x}]}, server, quiet=True)
-    result = exercises.check("kserve_json_body", not_implemented, server, quiet=True)
-    assert not result.attempted and not result and "not attempted" in result.message
-
-
-@pytest.mark.server
-def test_longest_queue_rejects_the_shortest(server) -> None:
-
-    def shortest(log):
-        top = log.requests[log.requests["depth"] == 0]
-        return top.loc[top["queue_ms"].idxmin(), "request_id"]
-
-    with pytest.raises(ExerciseError, match="queued longest"):
-        exercises.check("longest_queue", shortest, server, quiet=True)
-
-
-@pytest.mark.server
-def test_tune_the_batcher_rejects_a_delay_that_breaks_the_p99_bound(server) -> None:
-    """A 200 ms queue delay blows the p99 bound and, every batch waiting it out, the throughput too:
-    the checker must name both misses, not only the first (32 in flight never fill max_batch_size 64,
-    so p99 >= 200 ms and at most ~160 req/s, under 2x the unbatched ~85)."""
-    too_patient = {"dynamic_batching": {"max_queue_delay_microseconds": 200000}}
-    with pytest.raises(ExerciseError, match=r"(?s)throughput must reach 4x.*p99 must stay at or under 100 ms"):
-        exercises.check("tune_the_batcher", too_patient, server, quiet=True)
+    assert result.passed and result.message.startswith("✓ kserve_json_body:")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lab_backends.digits import reference
-from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.lessons import exercises, frameworks
+from lab_backends.errors import LabBackendsError
+from lab_backends.lessons import frameworks
 from lab_backends.server.triton_server import TritonServer
 
 MODELS = list(frameworks.WRAPPED.values())
@@ -89,30 +89,6 @@ def test_thread_timings_same_answer_any_thread_count() -> None:
     pins = frameworks.pinning_lines()
     assert any("set_num_threads(1)" in ln for ln in pins["digits_torch"])
     assert any("intra_op_num_threads = 1" in ln for ln in pins["digits_onnx"])
-
-
-@pytest.mark.server
-def test_framework_agreement_exercise(server) -> None:
-    result = exercises.check("framework_agreement", exercises.load_solution("framework_agreement"), server, quiet=True)
-    assert result.passed and "150" in result.message
-
-    def unchunked(srv, model, images):
-        from lab_backends.client.infer import infer
-        return infer(srv, model, {"PIXELS": images.reshape(len(images), 64).astype(np.float32) / 8 - 1})["LOGITS"]
-
-    def local(srv, model, images):
-        pixels = images.reshape(len(images), 64).astype(np.float32) / 8 - 1
-        return reference.torch_logits(pixels) if model == "digits_torch" else reference.onnx_logits(pixels)
-
-    def unnormalized(srv, model, images):
-        return frameworks.served_logits(srv, model, images.reshape(len(images), 64).astype(np.float32))
-
-    with pytest.raises(ExerciseError, match="raised"):
-        exercises.check("framework_agreement", unchunked, server, quiet=True)
-    with pytest.raises(ExerciseError, match="server computed 0 rows"):
-        exercises.check("framework_agreement", local, server, quiet=True)
-    with pytest.raises(ExerciseError, match="differs"):
-        exercises.check("framework_agreement", unnormalized, server, quiet=True)
 
 
 def test_gpu_status_messages_say_what_is_skipped() -> None:

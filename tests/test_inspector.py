@@ -275,19 +275,6 @@ def test_errors_end_in_the_panel_and_it_stays_usable(server) -> None:
 
 
 @pytest.mark.server
-def test_batch_of_eight_rejects_a_batcher_that_does_not_wait() -> None:
-    from lab_backends.errors import ExerciseError
-    from lab_backends.lessons import exercises
-
-    with pytest.raises(ExerciseError, match="only dynamic_batching"):
-        exercises.check(
-            "batch_of_eight", {"dynamic_batching": {"max_queue_delay_microseconds": 1}, "max_batch_size": 4}
-        )
-    with pytest.raises(ExerciseError, match="no dynamic_batching"):
-        exercises.check("batch_of_eight", {"dynamic_batching": None})
-
-
-@pytest.mark.server
 def test_send_works_from_a_widget_callback_thread(server) -> None:
     """ipykernel may run button callbacks on another thread than the cells: no gevent client there."""
     import threading

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from lab_backends.client.infer import infer
-from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.lessons import authoring, exercises, management
+from lab_backends.errors import LabBackendsError
+from lab_backends.lessons import authoring, management
 from lab_backends.lessons.authoring import Tensor
 from lab_backends.server.config_changes import apply_config, derive_config
 
@@ -149,13 +149,3 @@ def test_repository_api_needs_the_key_and_uploads_run_code(lab):
     management.wait_until_unloaded(server, "whoami")
 
 
-def test_canary_exercise_explains_a_partial_override():
-    """A partial override is caught with the lesson (the solution itself runs in test_exercises)."""
-
-    def partial(server, name):
-        config = authoring.ModelConfig(name=name, backend="python", max_batch_size=4)
-        config.version_policy.specific.versions.extend([1, 3])
-        server.load_model(name, config=config)
-
-    with pytest.raises(ExerciseError, match="replaces the whole config"):
-        exercises.check("canary_versions", partial, quiet=True)

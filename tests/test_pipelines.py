@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.lessons import exercises, frameworks, pipelines
-from lab_backends.lessons.exercises import pipelines as pipeline_exercise
+from lab_backends.errors import LabBackendsError
+from lab_backends.lessons import frameworks, pipelines
 from lab_backends.measure import trace
 from lab_backends.server.triton_server import TritonServer
 
@@ -75,25 +74,3 @@ def test_latencies_interleaved(traced, images) -> None:
     assert set(summary.index) == {"ensemble", "client:onnx"} and (summary["requests"] == 4).all()
 
 
-def test_ensemble_exercise_rejects_answers_before_serving() -> None:
-    def same_name(config):
-        return config
-
-    def still_python(config):
-        config.name = pipeline_exercise.LEARNER_ENSEMBLE
-        return config
-
-    with pytest.raises(ExerciseError, match="name the ensemble"):
-        exercises.check("ensemble_with_c_preprocess", same_name, quiet=True)
-    with pytest.raises(ExerciseError, match="replace digits_preprocess"):
-        exercises.check("ensemble_with_c_preprocess", still_python, quiet=True)
-    with pytest.raises(ExerciseError, match="not a valid Triton model config"):
-        exercises.check("ensemble_with_c_preprocess", lambda config: "name: 'my_ensemble_c' steps {", quiet=True)
-
-
-@pytest.mark.server
-def test_ensemble_exercise_solution_passes() -> None:
-    result = exercises.check(
-        "ensemble_with_c_preprocess", exercises.load_solution("ensemble_with_c_preprocess"), quiet=True
-    )
-    assert result.passed and "digits_preprocess_c" in result.message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 
 from lab_backends.errors import ExerciseError
@@ -9,6 +11,23 @@ from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.server.running import RunningServer
 
 PREPROCESS_MODEL = "learner_preprocess"
+
+
+def _execute_not_written(source: str) -> bool:
+    """True when every ``execute`` in ``source`` does nothing but ``raise NotImplementedError``.
+
+    That is the skeleton as handed out; a finished model.py that mentions NotImplementedError
+    elsewhere (a comment, an unsupported case) is an attempt, checked like any other.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False  # an attempt that does not parse: the checker says where
+    bodies = [[s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+              for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "execute"]
+    return bool(bodies) and all(
+        len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
+        and "NotImplementedError" in ast.unparse(body[0].exc) for body in bodies)
 
 
 @exercise(
@@ -32,10 +51,14 @@ def _check_preprocess_backend(answer: str | None, server: RunningServer | None) 
     from lab_backends.lessons import authoring
     from lab_backends.server.triton_server import TritonServer
 
-    if answer is None or "NotImplementedError" in answer:
+    if answer is None:
         raise NotImplementedError
     if not isinstance(answer, str):
         raise ExerciseError(f"the answer is the source text of model.py (a str), not {type(answer).__name__}")
+    if _execute_not_written(answer):
+        raise NotImplementedError(
+            "execute() still only raises NotImplementedError: write its body in MY_PREPROCESS, then run this "
+            "cell again")
     config = authoring.python_config(
         PREPROCESS_MODEL,
         [authoring.Tensor("IMAGE", "UINT8", [8, 8])],

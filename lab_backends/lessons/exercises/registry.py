@@ -7,10 +7,14 @@ A notebook's last cells look like this::
 
     exercises.check("kserve_json_body", request_body, server)
 
-:func:`check` runs the learner's answer against the server and either prints why it is right or
-raises :class:`~lab_backends.errors.ExerciseError` with what the server did with it. An answer
-that still raises ``NotImplementedError`` is reported as "not attempted yet" without failing the
-notebook, so that a fresh notebook runs top to bottom (and under nbval in CI).
+:func:`check` runs the learner's answer against the server and prints one line: ``✓`` and why it is
+right, or ``✗`` and what the checker expected, what the server did with the answer and how to fix
+it (the checker's :class:`~lab_backends.errors.ExerciseError`). No traceback through the checker's
+source: that is the checker's business, not the learner's; ``traceback=True`` (or ``LAB_TRACEBACK=1``)
+raises the error instead, for whoever debugs a checker. An answer that still raises
+``NotImplementedError`` is reported as "not attempted yet", so that a fresh notebook runs top to
+bottom (and under nbval in CI). ``lab-backends exercises audit`` (:mod:`.audit`) checks every
+checker against its skeleton, reference, wrong and alternative answers.
 
 Reference solutions live in ``notebooks/solutions/<exercise>.py`` (each defines ``answer``), and
 ``tests/test_exercises.py`` runs every one through the same checks, so a solution and its checker
@@ -24,6 +28,7 @@ every exercise.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +48,7 @@ class Exercise:
     notebook: str
     task: str
     models: tuple[str, ...]
-    checker: Callable[[Any, Any], str]
+    checker: Callable[..., str]
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,13 @@ EXERCISES: dict[str, Exercise] = {}
 
 
 def exercise(name: str, notebook: str, task: str, models: tuple[str, ...]) -> Callable:
-    """Register ``checker(answer, server) -> success message`` as exercise ``name``.
+    """Register ``checker(answer, server, **inputs) -> success message`` as exercise ``name``.
 
     ``models`` are what :func:`check` loads when it has to start a server itself; with none, the
     checker gets ``server=None`` when the learner passes none (it may start its own).
     """
 
-    def register(checker: Callable[[Any, Any], str]) -> Callable[[Any, Any], str]:
+    def register(checker: Callable[..., str]) -> Callable[..., str]:
         if name in EXERCISES:
             raise LabBackendsError(f"exercise {name!r} is registered twice")
         EXERCISES[name] = Exercise(name, notebook, task, tuple(models), checker)
@@ -89,25 +94,36 @@ def task(name: str) -> str:
     return get(name).task
 
 
-def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bool = False) -> Result:
-    """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None)."""
+def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bool = False,
+          traceback: bool | None = None, **inputs: Any) -> Result:
+    """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None).
+
+    Returns the :class:`Result` and prints its one line unless ``quiet``. A refused answer does not
+    raise unless ``traceback`` is True (default: ``LAB_TRACEBACK=1`` in the environment). ``inputs``
+    are what some checkers take from the notebook beside the answer (``batch_of_eight``: the
+    learner's ``drawing``); each checker names its own and has a default for every one.
+    """
     ex = get(name)
+    if traceback is None:
+        traceback = os.environ.get("LAB_TRACEBACK", "0") == "1"
     if server is None and ex.models:
         from lab_backends.server.triton_server import TritonServer
 
         with TritonServer(models=list(ex.models)) as own:
-            return check(name, answer, own, quiet)
+            return check(name, answer, own, quiet, traceback, **inputs)
     try:
-        message = ex.checker(answer, server)
+        message = ex.checker(answer, server, **inputs)
     except NotImplementedError as exc:  # a checker may say what "attempting" means for its exercise
         todo = str(exc) or "replace the NotImplementedError with your answer and run the cell again"
         result = Result(name, False, False, f"'{name}' is not attempted yet: {todo}.\nTask: {ex.task}")
-        if not quiet:
-            print(result.message)
-        return result
-    result = Result(name, True, True, message)
+    except ExerciseError as exc:
+        if traceback:
+            raise
+        result = Result(name, True, False, f"✗ {name}: {exc}")
+    else:
+        result = Result(name, True, True, f"✓ {name}: {message}")
     if not quiet:
-        print(f"✓ {name}: {message}")
+        print(result.message)
     return result
 
 

@@ -49,7 +49,13 @@ def _check_kserve_json_body(answer: Callable[[np.ndarray], dict], server: Runnin
             raise ExerciseError(
                 f"Triton answered HTTP {status} for a batch of {batch}: {payload.decode(errors='replace')}"
             )
-        reply = json.loads(payload)
+        try:
+            reply = json.loads(payload)
+        except ValueError as exc:  # UnicodeDecodeError too: raw bytes after a JSON header
+            raise ExerciseError(
+                "the answer is not plain JSON: OUTPUT0 came back binary (a JSON header, then raw bytes); ask for "
+                "it without 'binary_data' (or leave 'outputs' out) so it comes back as JSON"
+            ) from exc
         outputs = {o["name"]: o for o in reply.get("outputs", [])}
         if "OUTPUT0" not in outputs:
             raise ExerciseError(f"the response has no OUTPUT0 (outputs: {list(outputs)}); did you ask for it?")

@@ -1,0 +1,79 @@
+"""Audit cases of ``clip_backend`` (notebook 09): the learner's C backend ``clip``.
+
+Each wrong answer is the reference with one fault put in (written to a scratch folder that lives
+as long as the process); the checks that catch them read the source, build, or serve it.
+"""
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+from lab_backends.lessons import c_lab
+from lab_backends.lessons.exercises.audit import Wrong
+from lab_backends.lessons.exercises.registry import load_solution
+
+REFERENCE = load_solution("clip_backend").read_text()
+_SCRATCH = Path(tempfile.mkdtemp(prefix="audit-clip-"))
+atexit.register(shutil.rmtree, _SCRATCH, True)
+
+
+def _file(name: str, text: str) -> Path:
+    path = _SCRATCH / f"{name}.c"
+    path.write_text(text)
+    return path
+
+
+def _variant(name: str, *swaps: tuple[str, str]) -> Path:
+    text = REFERENCE
+    for old, new in swaps:
+        assert old in text, old
+        text = text.replace(old, new)
+    return _file(name, text)
+
+
+SEND_FAILED = ('LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: send failed: %s", BACKEND, TRITONSERVER_ErrorMessage(err));\n'
+               '      TRITONSERVER_ErrorDelete(err);\n      continue;')
+
+WRONG = [
+    Wrong("accepts lo > hi", _variant("no_order", ("if (bounds.lo > bounds.hi) {", "if (0) {")),
+          r"lo > hi loaded"),
+    Wrong("ModelFinalize never frees the state",
+          _variant("leaks_state", ("  free(state);\n  return NULL;\n}", "  (void)state;\n  return NULL;\n}")),
+          r"ModelFinalize does not free"),
+    Wrong("*items = 1 for every request",
+          _variant("items_one", ("*items = input.dims > 0 ? (uint64_t)input.shape[0] : 1;", "*items = 1;")),
+          r"set \*items to the request's first dimension"),
+    Wrong("deletes a response after sending it",
+          _variant("double_free", (SEND_FAILED, SEND_FAILED.replace(
+              "continue;", "TRITONBACKEND_ResponseDelete(response);\n      continue;"))),
+          r"ResponseDelete.*Triton's"),
+    Wrong("never frees the error of a failed send",
+          _variant("leaks_error", (SEND_FAILED, SEND_FAILED.replace("TRITONSERVER_ErrorDelete(err);\n      ", ""))),
+          r"never passed to TRITONSERVER_ErrorDelete"),
+    Wrong("clamps only from below",
+          _variant("half_clamp", ("fminf(fmaxf(data[k], bounds->lo), bounds->hi)", "fmaxf(data[k], bounds->lo)")),
+          r"came back as"),
+    Wrong("an unused variable (a warning, so -Werror fails the build)",
+          _variant("warning", ("uint64_t batch_size = 0;", "uint64_t batch_size = 0;\n  int unused = 0;")),
+          r"does not build.*unused variable"),
+]
+
+_HEADER = c_lab.SKELETON.read_text().split("*/", 1)[0] + "*/\n"
+
+ALTERNATIVES = [
+    # The skeleton's header comment, TODO(exercise) marks and all, kept above a finished file.
+    _file("with_header", _HEADER + REFERENCE),
+    # Frees through a helper of its own and logs-and-frees the send error through another.
+    _variant(
+        "helpers",
+        ("TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(",
+         "static void release_bounds(void* state) { free(state); }\n\n"
+         "static void drop_error(TRITONSERVER_Error* error) {\n"
+         '  LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: %s", BACKEND, TRITONSERVER_ErrorMessage(error));\n'
+         "  TRITONSERVER_ErrorDelete(error);\n}\n\n"
+         "TRITONSERVER_Error* TRITONBACKEND_ModelFinalize("),
+        ("  free(state);\n  return NULL;\n}", "  release_bounds(state);\n  return NULL;\n}"),
+        (SEND_FAILED, "drop_error(err);\n      continue;"),
+    ),
+]
