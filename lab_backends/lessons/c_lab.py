@@ -3,22 +3,28 @@
 The learner completes ``notebooks/exercises/clip.c`` (a skeleton with ``TODO(exercise)`` marks);
 :func:`check_clip_answer` then does what a reviewer and a test server would:
 
-1. reads the source: still marked TODO -> "not attempted"; a response deleted after it was sent
-   (the double free the lab's own backends used to have) -> refused with the line;
+1. reads the source: the untouched skeleton -> "not attempted"; then the ownership rules a reviewer
+   would insist on, each refused with its line: a response deleted after it was sent (the double
+   free the lab's own backends used to have), the error of a failed send never freed, a
+   ``ModelFinalize`` that does not free the state ``ModelInitialize`` set (:mod:`.c_source`);
 2. builds it with ``gcc -Wall -Wextra -Werror`` and ``-Wl,-z,defs`` (:mod:`lab_backends.server.cbackend`),
    so warnings and misspelled API names fail the check at build time;
 3. serves it on a server *of its own* (a segfaulting backend must not take the learner's server
-   down) with bounds drawn at random (a hard-coded answer cannot pass), and checks: a model whose
-   bounds are not numbers fails to load with a reason naming the parameter; batched requests are
-   clamped exactly; in a burst, requests holding a NaN get their own error while their batch-mates
-   are answered; a request whose dtype the backend does not take (the config says FP64, as
-   ``c_scale_fp64`` does in the tests: Triton itself refuses a dtype that contradicts the config,
-   so only a config that lets it through reaches the backend) gets the backend's error and the
-   server keeps serving; and the statistics API shows executions of batches larger than 1.
+   down) with bounds drawn at random (a hard-coded answer cannot pass), and checks: a bound that
+   is not a number, a missing bound and ``lo > hi`` each fail the load with a reason naming the
+   parameter(s) (matched as words in Triton's reason: every load error contains "load", so a
+   plain substring test for "lo" could never fail); batched requests are clamped exactly; in
+   bursts of requests of 1 to 3 rows, requests holding a NaN get their own error while their
+   batch-mates are answered, and the batch statistics add up to the rows answered (``*items`` is
+   each request's first dimension, not 1); a request whose dtype the backend does not take (the
+   config says FP64, as ``c_scale_fp64`` does in the tests: Triton itself refuses a dtype that
+   contradicts the config, so only a config that lets it through reaches the backend) gets the
+   backend's error and the server keeps serving.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,17 +46,22 @@ NOT_ATTEMPTED = (f"complete the four {TODO_MARK} places in {SKELETON.relative_to
 TASK = (
     "Complete notebooks/exercises/clip.c, a C backend 'clip': OUTPUT0 = INPUT0 clamped to [lo, hi] elementwise "
     "(FP32 [batch, n]), with lo and hi read from the model config's parameters in ModelInitialize (a missing "
-    "or non-numeric bound, or lo > hi, fails the load with a message naming it). A request whose INPUT0 is not "
-    "FP32 or holds a NaN gets its own error response; the rest of its batch is answered. Then call "
-    "exercises.check('clip_backend', path_to_your_clip_c). The checker builds it with -Wall -Wextra -Werror "
-    "-Wl,-z,defs, serves it on a server of its own and sends batched, concurrent and bad requests."
+    "or non-numeric bound, or lo > hi, fails the load with a message naming it) and freed in ModelFinalize. "
+    "A request whose INPUT0 is not FP32 or holds a NaN gets its own error response; the rest of its batch is "
+    "answered, and the batch statistics count every row. A failed send leaves the response to Triton and the "
+    "error to you. Then call exercises.check('clip_backend', path_to_your_clip_c). The checker reads the "
+    "ownership rules from your source, builds it with -Wall -Wextra -Werror -Wl,-z,defs, serves it on a server "
+    "of its own and sends batched, concurrent and bad requests."
 )
 #: Executions with more than one request: the burst is repeated at most this often to see one.
 BURST_TRIES = 4
 BURST_SIZE = 12
+#: How long the batch statistics may lag behind the last answer (the backend reports them after
+#: sending its responses) before a shortfall counts.
+STATS_WAIT_S = 3.0
 
 
-def _config(name: str, lo: str, hi: str, dtype: str = "TYPE_FP32") -> Any:
+def _config(name: str, lo: str | None, hi: str | None, dtype: str = "TYPE_FP32") -> Any:
     from lab_backends.server.repository import ModelConfig
 
     config = ModelConfig(name=name, backend=BACKEND, max_batch_size=16)
@@ -58,8 +69,9 @@ def _config(name: str, lo: str, hi: str, dtype: str = "TYPE_FP32") -> Any:
     config.output.add(name="OUTPUT0", data_type=model_config_pb2.DataType.Value(dtype), dims=[-1])
     config.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     config.dynamic_batching.max_queue_delay_microseconds = 20_000
-    config.parameters["lo"].string_value = lo
-    config.parameters["hi"].string_value = hi
+    for key, value in (("lo", lo), ("hi", hi)):
+        if value is not None:
+            config.parameters[key].string_value = value
     return config
 
 
@@ -107,12 +119,7 @@ def check_clip_answer(answer: Any, server: Any = None) -> str:
 
     del server  # a backend that crashes must not take the learner's server with it
     path, source = read_answer(answer)
-    problems = c_source.responses_deleted_after_send(source)
-    if problems:
-        raise ExerciseError(
-            f"{path.name}: {problems[0]}. After ResponseSend the response is Triton's, even when the "
-            "send returned an error: log and free the error, never ResponseDelete it"
-        )
+    _check_ownership(path.name, source)
     rng = np.random.default_rng()
     lo, hi = round(float(rng.uniform(-3, -0.5)), 2), round(float(rng.uniform(0.5, 3)), 2)
     with tempfile.TemporaryDirectory(prefix="exercise-clip-") as tmp:
@@ -121,6 +128,8 @@ def check_clip_answer(answer: Any, server: Any = None) -> str:
         _write(repo, _config("clip_main", f"{lo:g}", f"{hi:g}"))
         _write(repo, _config("clip_fp64", f"{lo:g}", f"{hi:g}", dtype="TYPE_FP64"))
         _write(repo, _config("clip_bad_bound", "low", f"{hi:g}"))
+        _write(repo, _config("clip_no_hi", f"{lo:g}", None))
+        _write(repo, _config("clip_swapped", f"{hi:g}", f"{lo:g}"))
         with TritonServer(repo, models=[], backend_dir=backends, target="local") as own:
             _check_loads(own, lo, hi)
             x = (rng.standard_normal((3, 7)) * 3).astype(np.float32)
@@ -130,10 +139,32 @@ def check_clip_answer(answer: Any, server: Any = None) -> str:
             if not own.is_ready() or not np.array_equal(infer(own, "clip_main", {"INPUT0": x})["OUTPUT0"], want):
                 raise ExerciseError("after the bad requests the server no longer serves clip_main correctly")
     return (
-        f"clip.c built with -Werror and -z defs; lo={lo}, hi={hi} read from the config; {answered} good "
-        f"requests clamped exactly, {failed} NaN requests refused alone in their batches (batch sizes "
-        f"{sizes}), FP64 refused, the server still serving."
+        f"clip.c built with -Werror and -z defs; lo={lo}, hi={hi} read from the config, bad bounds refused "
+        f"by name; {answered} good requests clamped exactly, {failed} NaN requests refused alone in their "
+        f"batches (batch sizes {sizes} rows, the statistics adding up to the rows answered), FP64 refused, "
+        "the server still serving."
     )
+
+
+def _check_ownership(filename: str, source: str) -> None:
+    """The ownership rules, read from the source before anything is built (one fault at a time)."""
+    problems = c_source.responses_deleted_after_send(source)
+    if problems:
+        raise ExerciseError(
+            f"{filename}: {problems[0]}. After ResponseSend the response is Triton's, even when the "
+            "send returned an error: log and free the error, never ResponseDelete it"
+        )
+    leaks = c_source.send_errors_leaked(source)
+    if leaks:
+        raise ExerciseError(
+            f"{filename}: {leaks[0]}: the error object a call returns is yours to free, even when the response "
+            "is already Triton's; log it and call TRITONSERVER_ErrorDelete(err) before `continue`"
+        )
+    if not c_source.finalize_frees_state(source):
+        raise ExerciseError(
+            f"{filename}: TRITONBACKEND_ModelFinalize does not free the ClipModel that ModelInitialize set: "
+            "get it back with TRITONBACKEND_ModelState and free() it, or every unload leaks it"
+        )
 
 
 def _build(path: Path, backends: Path) -> None:
@@ -145,20 +176,35 @@ def _build(path: Path, backends: Path) -> None:
         raise ExerciseError(f"your clip.c does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n{exc}") from exc
 
 
+def _names(reason: str, *words: str) -> bool:
+    """Does Triton's reason name every one of ``words`` as a word ("lo", not the "lo" of "load")?"""
+    return all(re.search(rf"(?<![A-Za-z0-9_]){re.escape(w)}(?![A-Za-z0-9_])", reason) for w in words)
+
+
+#: Configs that must fail to load: (model, what is wrong, the parameters its reason must name).
+BAD_CONFIGS = (
+    ("clip_bad_bound", "lo='low' (not a number)", ("lo",)),
+    ("clip_no_hi", "no 'hi' parameter", ("hi",)),
+    ("clip_swapped", "lo > hi", ("lo", "hi")),
+)
+
+
 def _check_loads(own: Any, lo: float, hi: float) -> None:
-    """A non-numeric bound must fail the load, naming it; good bounds must load."""
-    try:
-        own.load_model("clip_bad_bound")
-    except ModelLoadError as exc:
-        if "lo" not in str(exc):
+    """Each bad config must fail the load, its reason naming the parameter(s); good bounds must load."""
+    for model, wrong, words in BAD_CONFIGS:
+        try:
+            own.load_model(model)
+        except ModelLoadError as exc:
+            if not _names(exc.reason, *words):
+                raise ExerciseError(
+                    f"a config with {wrong} failed to load, but the reason does not name "
+                    f"{' and '.join(repr(w) for w in words)}: {exc.reason}"
+                ) from exc
+        else:
             raise ExerciseError(
-                f"a config with lo='low' failed to load, but the reason does not name 'lo': {exc}"
-            ) from exc
-    else:
-        raise ExerciseError(
-            "a config with lo='low' loaded: ModelInitialize must refuse a bound that is "
-            "not a number (return an error naming the parameter)"
-        )
+                f"a config with {wrong} loaded: ModelInitialize must refuse it (return an error naming "
+                f"{' and '.join(repr(w) for w in words)})"
+            )
     for model in ("clip_main", "clip_fp64"):
         try:
             own.load_model(model)
@@ -200,41 +246,68 @@ def _check_burst_reply(i: int, reply: Any, row: np.ndarray, bad: set[int], lo: f
             f"request {i} of a burst failed although its data was fine: {reply}. A bad "
             "batch-mate must fail alone (lab_send_error on its response, then go on)"
         )
-    if not np.array_equal(reply["OUTPUT0"], np.clip(row, np.float32(lo), np.float32(hi))):
+    want = np.clip(row, np.float32(lo), np.float32(hi))
+    if reply["OUTPUT0"].shape != want.shape or not np.array_equal(reply["OUTPUT0"], want):
         raise ExerciseError(
-            f"request {i} of a burst got {reply['OUTPUT0'][0, :4]}, expected "
-            f"{np.clip(row, lo, hi)[0, :4]}: did the requests' outputs get mixed up?"
+            f"request {i} of a burst ({len(row)} rows) got {reply['OUTPUT0'].ravel()[:4]} (shape "
+            f"{list(reply['OUTPUT0'].shape)}), expected {want.ravel()[:4]} (shape {list(want.shape)}): did the "
+            "requests' outputs get mixed up?"
         )
     return True
 
 
-def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> tuple[int, int, list[int]]:
-    """Bursts with two NaN requests each, until the statistics show a batch larger than 1."""
-    from lab_backends.lessons.authoring import send_together
+def _batch_totals(own: Any) -> tuple[int, int]:
+    """(executions, rows) from clip_main's batch statistics: what the backend reported."""
+    executions = _batch_executions(own.statistics("clip_main")["model_stats"][0])
+    return sum(executions.values()), sum(size * n for size, n in executions.items())
 
-    before = own.statistics("clip_main")["model_stats"][0]
+
+def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> tuple[int, int, list[int]]:
+    """Bursts of 1- to 3-row requests, two holding a NaN, until one execution served several requests.
+
+    After each burst the batch statistics must add up to the rows answered: the backend reports
+    ``batch_size`` = the sum of its requests' ``*items``, so ``*items = 1`` shows up as too few rows.
+    """
+    from lab_backends.lessons.authoring import send_together
+    from lab_backends.waiting import poll
+
     bad = {2, 7}
     answered = failed = 0
-    grown: dict[int, int] = {}
+    sizes_seen: set[int] = set()
     for _ in range(BURST_TRIES):
-        rows = [(rng.standard_normal((1, 9)) * 3).astype(np.float32) for _ in range(BURST_SIZE)]
+        before = _batch_executions(own.statistics("clip_main")["model_stats"][0])
+        executions0, rows0 = _batch_totals(own)
+        rows = [(rng.standard_normal((1 + i % 3, 9)) * 3).astype(np.float32) for i in range(BURST_SIZE)]
         for i in bad:
-            rows[i][0, 4] = np.nan
+            rows[i][-1, 4] = np.nan
+        good_rows = good_requests = 0
         for i, reply in enumerate(send_together(own, "clip_main", [{"INPUT0": r} for r in rows])):
             if _check_burst_reply(i, reply, rows[i], bad, lo, hi):
                 answered += 1
+                good_requests += 1
+                good_rows += len(rows[i])
             else:
                 failed += 1
-        grown = {
-            size: n - _batch_executions(before).get(size, 0)
-            for size, n in _batch_executions(own.statistics("clip_main")["model_stats"][0]).items()
-        }
-        if any(size > 1 and n > 0 for size, n in grown.items()):
-            return answered, failed, sorted(size for size, n in grown.items() if n > 0)
+        executions, reported = poll(lambda: _batch_totals(own), lambda t: t[1] - rows0 >= good_rows, STATS_WAIT_S)
+        executions, reported = executions - executions0, reported - rows0
+        if executions == 0:
+            raise ExerciseError(
+                f"a burst of {BURST_SIZE} requests left no batch statistics: report each batch with "
+                "TRITONBACKEND_ModelInstanceReportBatchStatistics"
+            )
+        if reported != good_rows:
+            raise ExerciseError(
+                f"the batch statistics count {reported} rows for a burst whose answered requests held {good_rows} "
+                f"rows ({good_requests} requests of 1 to 3 rows): set *items to the request's first dimension "
+                "(input.shape[0]), not 1"
+            )
+        after = _batch_executions(own.statistics("clip_main")["model_stats"][0])
+        sizes_seen |= {size for size, n in after.items() if n > before.get(size, 0)}
+        if executions < good_requests:  # some execution served several requests
+            return answered, failed, sorted(sizes_seen)
     raise ExerciseError(
-        f"after {BURST_TRIES} bursts of {BURST_SIZE} requests the statistics show no batch "
-        f"larger than 1 ({grown}): report each batch with "
-        "TRITONBACKEND_ModelInstanceReportBatchStatistics"
+        f"after {BURST_TRIES} bursts of {BURST_SIZE} requests every execution held one request: keep the "
+        "loop over all `count` requests in ModelInstanceExecute (the batcher hands you several at once)"
     )
 
 

@@ -175,3 +175,72 @@ def responses_deleted_after_send(source: str) -> list[str]:
                 problems.append(f"{f.name}: TRITONBACKEND_ResponseDelete({target}) after "
                                 f"{sends[target][0]}({target}) (line {line})")
     return problems
+
+
+def _block_after(code: str, pos: int) -> tuple[int, int] | None:
+    """(start, end) of the ``{...}`` block or single statement that follows position ``pos``."""
+    rest = code[pos:]
+    stripped = len(rest) - len(rest.lstrip())
+    start = pos + stripped
+    if start < len(code) and code[start] == "{":
+        return start, _matching_brace(code, start)
+    end = code.find(";", start)
+    return (start, end) if end >= 0 else None
+
+
+def _frees(code: str, call: str, target: str, helpers: set[str]) -> bool:
+    """Does ``code`` call ``call(target)``, or a helper of this file that does, with ``target``?"""
+    names = "|".join(re.escape(n) for n in sorted({call} | helpers))
+    return any(_first_argument(code, m.end() - 1) == target for m in re.finditer(rf"\b(?:{names})\s*\(", code))
+
+
+def _helpers_calling(functions: list[Function], call: str) -> set[str]:
+    """Functions of the file that call ``call`` on their first parameter (e.g. a log-and-free helper)."""
+    found = set()
+    for f in functions:
+        params = re.search(rf"\b{re.escape(f.name)}\s*\(([^)]*)\)", f.code)
+        if params is None:
+            continue
+        first = re.findall(r"[A-Za-z_]\w*", params.group(1).split(",")[0])
+        if first and _frees(f.code, call, first[-1], set()):
+            found.add(f.name)
+    return found
+
+
+def send_errors_leaked(source: str) -> list[str]:
+    """Where the error a failed ``TRITONBACKEND_ResponseSend`` returned is not freed.
+
+    The error object is the caller's to delete (core ``include/triton/core/tritonserver.h`` at r24.10,
+    319-320: "The caller takes ownership of a TRITONSERVER_Error object returned by the API"); the
+    response, in contrast, is Triton's after the send, failed or not (``tritonbackend.h`` 757-759). The
+    check reads each ``err = TRITONBACKEND_ResponseSend(...)`` followed by ``if (err ...)``: the
+    block must pass ``err`` to ``TRITONSERVER_ErrorDelete`` (or to a helper of this file that does).
+    """
+    functions = c_functions(source)
+    helpers = _helpers_calling(functions, "TRITONSERVER_ErrorDelete")
+    problems = []
+    for f in functions:
+        for m in re.finditer(r"\b([A-Za-z_]\w*)\s*=\s*TRITONBACKEND_ResponseSend\s*\(", f.code):
+            target = m.group(1)
+            branch = re.compile(rf"\bif\s*\(\s*{re.escape(target)}\s*(?:!=\s*NULL\s*)?\)").search(f.code, m.end())
+            line = f.first + f.code.count("\n", 0, m.start())
+            if branch is None:
+                problems.append(f"{f.name}: the error of TRITONBACKEND_ResponseSend (line {line}) is never tested")
+                continue
+            block = _block_after(f.code, branch.end())
+            if block is None or not _frees(f.code[block[0]:block[1] + 1], "TRITONSERVER_ErrorDelete", target, helpers):
+                problems.append(f"{f.name}: when TRITONBACKEND_ResponseSend fails (line {line}), {target} is never "
+                                f"passed to TRITONSERVER_ErrorDelete")
+    return problems
+
+
+def finalize_frees_state(source: str, finalizer: str = "TRITONBACKEND_ModelFinalize") -> bool:
+    """Does ``finalizer`` free what it gets from ``TRITONBACKEND_ModelState`` (``free()``, directly or
+    through a helper of this file)? False when it is missing or frees nothing."""
+    functions = c_functions(source)
+    body = next((f.code for f in functions if f.name == finalizer), None)
+    if body is None:
+        return False
+    helpers = _helpers_calling(functions, "free")
+    names = "|".join(re.escape(n) for n in sorted({"free"} | helpers))
+    return "TRITONBACKEND_ModelState" in body and re.search(rf"\b(?:{names})\s*\(", body) is not None
