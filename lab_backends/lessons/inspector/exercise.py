@@ -3,8 +3,13 @@
 Registered through :mod:`lab_backends.lessons.exercises.end_to_end`. The checker serves
 ``digits_onnx`` on a traced server of its own (a broken config cannot hurt the learner's), starts
 from the config with batching removed, applies the learner's override, checks that only the
-batcher changed, sends the SEVEN drawing in a burst of :data:`BURST`, and reads the learner's
-batch from the trace (shared compute stamps), not from any client-side guess.
+batcher changed, sends the learner's drawing (``drawing=``; a drawn 7 when none is given) in a
+burst of :data:`BURST` copies, and reads the learner's batch from the trace (shared compute
+stamps), not from any client-side guess.
+
+The notebook's demonstration before it uses ``preferred_batch_size: [4]``, which closes a batch
+at 4 (see :func:`_why_small` for the lines of Triton's batcher): the exercise is not solved
+before it is set.
 """
 
 from __future__ import annotations
@@ -40,30 +45,69 @@ def _checked_config(live: Any, answer: Any) -> Any:
     return tuned
 
 
+def _why_small(tuned: Any, size: int) -> str:
+    """The cause of a small batch, read from the config the learner's override produced.
+
+    At r24.10, core ``src/dynamic_batch_scheduler.cc`` ``GetDynamicBatch``: a pending batch that
+    reaches a preferred size is sent without waiting out the delay (594-602), and one that cannot
+    grow past the largest preferred size is sent at once (610-617), so a batch never exceeds the
+    largest preferred size; with none given, ``src/model_config_utils.cc`` 738-742 makes it
+    ``[max_batch_size]``. With no delay (0) the batcher never waits for company (619-621);
+    otherwise the delay ran out before the burst was all in the queue.
+    """
+    batcher = tuned.dynamic_batching
+    preferred = sorted(batcher.preferred_batch_size)
+    if preferred and max(preferred) < TARGET:
+        return (f"preferred_batch_size {preferred} closes a batch as soon as {max(preferred)} requests wait: "
+                f"raise it to {TARGET} or more, or remove it so the batcher fills up to max_batch_size")
+    if batcher.max_queue_delay_microseconds == 0:
+        return ("max_queue_delay_microseconds is 0: the batcher never waits for company, it takes whatever is "
+                "queued when the instance is free; give it a delay longer than the burst takes to arrive")
+    return (f"the batcher waited at most {batcher.max_queue_delay_microseconds} µs for company, and the "
+            f"batch closed at {size}: raise max_queue_delay_microseconds so the whole burst can arrive")
+
+
+def _drawing(drawing: Any) -> Any:
+    import numpy as np
+
+    from .pad import SEVEN, stroke
+
+    if drawing is None:
+        return stroke(SEVEN)
+    image = np.asarray(drawing)
+    if image.shape != (8, 8):
+        raise ExerciseError(f"drawing= takes the pad's 8x8 image (panel.pad.image), not an array of shape "
+                            f"{list(image.shape)}")
+    if not image.any():
+        raise ExerciseError("your drawing is blank: draw a digit on the pad, then run this cell again")
+    return image
+
+
 @exercise(
     "batch_of_eight",
     notebook="11_one_request_end_to_end",
     task=(
         f"Write a config override for {MODEL} (a dict such as {{'dynamic_batching': {{...}}}}, or a function that "
         f"edits the ModelConfig it gets) that changes ONLY the batcher so that, in a burst of {BURST} copies of your "
-        f"drawing, YOUR request runs in a batch of at least {TARGET}. The checker starts from the config without "
-        "batching, reloads the model on a traced server of its own, sends the burst, and reads your request's batch "
-        "from the trace file."
+        f"drawing, YOUR request runs in a batch of at least {TARGET} (the demonstration above reached 4). The "
+        "checker starts from the config without batching, reloads the model on a traced server of its own, sends "
+        "the burst (your drawing, passed as drawing=...), and reads your request's batch from the trace file."
     ),
     models=(),
 )
-def check_batch_of_eight(answer: Any, server: Any = None) -> str:
+def check_batch_of_eight(answer: Any, server: Any = None, drawing: Any = None) -> str:
+    """``drawing``: the learner's pad image (``panel.pad.image``); a drawn 7 when not given."""
+    from lab_backends.paths import MODEL_REPOSITORY
+    from lab_backends.server.repository import read_config
     from lab_backends.server.triton_server import TritonServer
 
     from .core import inspect
-    from .pad import SEVEN, stroke
 
+    del server  # a broken config must not hurt the learner's server: the checker uses its own
     if answer is None:
         raise NotImplementedError
-    from lab_backends.paths import MODEL_REPOSITORY
-    from lab_backends.server.repository import read_config
-
-    _checked_config(read_config(MODEL_REPOSITORY / MODEL), answer)  # a wrong answer is told at once, no server
+    image = _drawing(drawing)
+    tuned = _checked_config(read_config(MODEL_REPOSITORY / MODEL), answer)  # told at once, no server
     with tempfile.TemporaryDirectory(prefix="exercise-batch-") as tmp:
         with TritonServer(
             models=[MODEL],
@@ -78,12 +122,12 @@ def check_batch_of_eight(answer: Any, server: Any = None) -> str:
                 own.load_model(MODEL, config=tuned)
             except LabBackendsError as exc:
                 raise ExerciseError(f"Triton refused your config: {str(exc)[:400]}") from exc
-            inspect(own, MODEL, stroke(SEVEN), "gRPC", request_id="exercise-warmup")
-            result = inspect(own, MODEL, stroke(SEVEN), "gRPC", burst=BURST)
+            inspect(own, MODEL, image, "gRPC", request_id="exercise-warmup")
+            result = inspect(own, MODEL, image, "gRPC", burst=BURST)
     if result.batch_size < TARGET:
         raise ExerciseError(
-            f"your request ran in a batch of {result.batch_size} (from the trace's shared compute "
-            f"stamps); it must be at least {TARGET}: let the batcher wait longer for company"
+            f"your request ran in a batch of {result.batch_size} (from the trace's shared compute stamps), "
+            f"expected at least {TARGET}: {_why_small(tuned, result.batch_size)}"
         )
     return (
         f"your request ran in a batch of {result.batch_size} with {len(result.executions['shared_with'].iloc[0])} "
