@@ -6,12 +6,15 @@ a correlation ID (``sequence_id``); the first carries ``sequence_start``, the la
 (``START``, ``END``, ``CORRID``) and routes every request of a sequence to the same instance, in
 order, so the model can keep state between requests without any database.
 
-Two ways to drive several sequences, each answering a different question:
+Three ways to drive several sequences, each answering a different question:
 
 * :func:`drive_interleaved`: one client advances each sequence one step in turn (A1 B1 C1 A2 B2
   ...). Several sequences are *live* at once, and each must still see only its own values;
 * :func:`lab_backends.measure.concurrent_sequences.drive_concurrent` (measure layer: it reads
-  the statistics): one thread per sequence, all at once.
+  the statistics): one thread per sequence, all at once;
+* :func:`lab_backends.measure.concurrent_sequences.fill_slots`: one sequence more than the
+  batcher has slots (per instance, ``max_candidate_sequences`` under ``oldest``), none ended: the
+  extra one waits in the backlog, unanswered, until another sequence ends.
 """
 
 from __future__ import annotations
