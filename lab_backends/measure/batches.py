@@ -1,10 +1,16 @@
 """Which instance ran which batch, and when: batches rebuilt from a trace and the model's answers.
 
-Triton does not write batches anywhere a client can read them. It does leave two traces of them:
+Triton keeps one record of batches a client can read, and it has no times or request ids: the
+statistics API's ``batch_stats``, a count of executions per batch size (core ``src/infer_stats.cc``
+418-424 at r24.10). For the rest we read two other traces of them:
 
-* **the trace**: the backend reports its compute timestamps once per batch and Triton copies them
-  to every request of that batch, so the requests of one ``execute()`` share the very same
-  ``COMPUTE_START`` and ``COMPUTE_END`` nanoseconds (two batches never share both);
+* **the trace**: a backend reports statistics *per request* (``TRITONBACKEND_ModelInstanceReportStatistics``,
+  whose four compute stamps become that request's ``COMPUTE_*`` trace stamps: core
+  ``src/infer_request.cc`` 1424-1438). The Python backend passes the same stamps for every request
+  of one ``execute()`` (python_backend ``src/pb_metric_reporter.cc`` 44-67), so the requests of one
+  batch share the very same ``COMPUTE_START`` and ``COMPUTE_END`` nanoseconds and two batches never
+  share both. Grouping by stamps therefore relies on the backend doing so (our C backends do too,
+  ``lab_finish_request``); a backend that stamped each request on its own would defeat it;
 * **the instance**: traces and statistics do not say which instance ran a request, but the
   instance knows its own name; ``scheduler_probe`` returns it (and its stub's PID and the batch
   size it saw) with every response, collected by :func:`~lab_backends.measure.probe_load.probe_load`.
