@@ -75,6 +75,10 @@ class LoadSettingError(LabBackendsError):
     """A load, sweep, bench or panel setting is out of range (concurrency 0, a bad batch size...)."""
 
 
+class LoadDeadlineError(LabBackendsError, TimeoutError):
+    """A load (e.g. the batching panel's Run) did not end within its deadline; the message says what to check."""
+
+
 class StatisticsError(LabBackendsError):
     """A statistics or metrics payload does not hold what was asked for (e.g. the model is missing)."""
 

@@ -23,11 +23,13 @@ import html
 import io
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
-from lab_backends.errors import LabBackendsError, LoadSettingError, ModelLoadError
+from lab_backends.errors import LabBackendsError, LoadDeadlineError, ModelLoadError
+from lab_backends.lessons.deadline import DeadlineRun
+from lab_backends.lessons.panel_settings import parse_batch_sizes
 from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow, label_batches
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, example_inputs, run_closed
@@ -45,63 +47,6 @@ HINT = (
 #: How long Run waits for its load (warm-up, measured window, statistics) before giving up on it.
 #: A run takes seconds (``duration_s`` is a few); a minute means something is stuck.
 DEADLINE_S = 60.0
-
-
-class LoadDeadlineError(LabBackendsError, TimeoutError):
-    """The panel's load did not end within its deadline."""
-
-
-class _Load:
-    """One load on a worker thread, so that Run can stop waiting for it; ``lock`` orders the reports."""
-
-    def __init__(self, work: Callable[[], LoadResult], lock: threading.Lock,
-                 late_end: Callable[[_Load], None]) -> None:
-        self.result: LoadResult | None = None
-        self.exc: BaseException | None = None
-        self.done = self.abandoned = False
-        self.lock, self.late_end = lock, late_end
-        self.thread = threading.Thread(target=self._work, args=(work,), name="lab-panel-load", daemon=True)
-
-    def _work(self, work: Callable[[], LoadResult]) -> None:
-        try:
-            self.result = work()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which shows it
-            self.exc = exc
-        finally:
-            with self.lock:
-                self.done = True
-                if self.abandoned:
-                    self.late_end(self)
-
-    def wait(self, seconds: float, abandon: Callable[[], None]) -> bool:
-        """Start, wait up to ``seconds``; False (after ``abandon()``, before any late report) if still running."""
-        self.thread.start()
-        self.thread.join(seconds)
-        with self.lock:
-            if not self.done:
-                self.abandoned = True
-                abandon()
-            return self.done
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    """``"4, 8 16"`` -> ``[4, 8, 16]``; a clear :class:`LoadSettingError` for anything else.
-
-    Sizes above the model's ``max_batch_size`` are left for Triton to refuse: its own message says so.
-    """
-    sizes = []
-    for token in text.replace(",", " ").split():
-        try:
-            size = int(token)
-        except ValueError:
-            raise LoadSettingError(
-                f"preferred batch sizes must be whole numbers separated by commas, e.g. '4, 8, 16'; "
-                f"'{token}' is not one"
-            ) from None
-        if size < 1:
-            raise LoadSettingError(f"a preferred batch size must be at least 1, not {size}")
-        sizes.append(size)
-    return sorted(set(sizes))
 
 
 def _short(exc: BaseException | str) -> str:
@@ -306,7 +251,7 @@ class BatchingPanel:
                   "server.log_text(). Run comes back when that load ends (server.restart() ends it); then press "
                   "Run again.")
 
-        def late_end(load: _Load) -> None:  # on the worker, under the lock, after the deadline message
+        def late_end(load: DeadlineRun) -> None:  # on the worker, under the lock, after the deadline message
             self._stuck = False
             self.run_button.disabled = False
             how = f"failed ({type(load.exc).__name__}: {_short(load.exc)})" if load.exc is not None else "ended"
@@ -320,7 +265,7 @@ class BatchingPanel:
             self.error = message
             self._set_status(message, error=True)
 
-        load = _Load(lambda: run_closed(self.server, self.model, concurrency, protocol=self.protocol,
+        load = DeadlineRun(lambda: run_closed(self.server, self.model, concurrency, protocol=self.protocol,
                                         inputs=self.inputs, requests=self.requests, duration_s=self.duration_s),
                      self._lock, late_end)
         if not load.wait(self.deadline_s, abandon):
