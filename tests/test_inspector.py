@@ -14,8 +14,8 @@ import pytest
 from lab_backends.client.protocol import HEADER_LENGTH, decode_response
 from lab_backends.errors import ProtocolError
 from lab_backends.lessons.inspector import SEVEN, RequestInspector, evidence, stroke
+from lab_backends.lessons.inspector.exchange import class_scores
 from lab_backends.lessons.inspector.pad import cell_at, paint
-from lab_backends.lessons.inspector.wire import class_scores
 from lab_backends.measure import stats, trace
 
 DATA = Path(__file__).resolve().parent / "data" / "inspector"
@@ -127,7 +127,7 @@ def test_top3_answer_leaves_the_other_classes_unknown() -> None:
 def _recorded_inspection(recorded):
     """An :class:`Inspection` of the recorded ensemble burst (a real server's trace and statistics)."""
     from lab_backends.lessons.inspector import Inspection
-    from lab_backends.lessons.inspector.wire import InputFit, Sent
+    from lab_backends.lessons.inspector.exchange import InputFit, Sent
 
     log, meta = recorded
     execs = evidence.executions(log, meta["burst"])

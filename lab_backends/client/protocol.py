@@ -146,6 +146,11 @@ class HttpExchange:
         return int(value) if value is not None else None
 
     @property
+    def request_header_size(self) -> int | None:
+        """Bytes of the request's JSON header when binary tensors follow it (None for a pure-JSON body)."""
+        return self._json_size(self.request_headers)
+
+    @property
     def request_json(self) -> dict:
         size = self._json_size(self.request_headers)
         return json.loads(self.request_body[:size] if size is not None else self.request_body)

@@ -26,7 +26,8 @@ from lab_backends.measure.stats import ServerWindow
 from lab_backends.measure.trace import TraceLog
 
 from . import evidence
-from .wire import InputFit, Sent, class_scores, fit_input, live_config, send
+from .exchange import InputFit, Sent, class_scores, fit_input, live_config, send
+from .pad import GRID
 
 #: Largest burst the panel may send (a bounded loop: one slider, one machine of 2 cores).
 MAX_BURST = 32
@@ -103,6 +104,49 @@ def _fire_copies(server: Any, model: str, fit: InputFit, ids: list[str]) -> tupl
     return done, errors
 
 
+def _refuse_bad_input(image: np.ndarray, burst: int) -> None:
+    if image.shape == (GRID, GRID) and not image.any():
+        raise ProtocolError("the pad is blank: draw a digit (or pick one from the test set) before sending")
+    if not 1 <= int(burst) <= MAX_BURST:
+        raise ProtocolError(f"a burst of {burst} is out of range: send 1..{MAX_BURST} copies")
+
+
+def _send_with_copies(server: Any, model: str, fit: InputFit, protocol: str, rid: str, copies: list[str]) -> Sent:
+    """The learner's request by ``protocol`` while its ``copies`` fly over gRPC; every copy waited for."""
+    done, errors = _fire_copies(server, model, fit, copies)
+    try:
+        sent = send(server, model, fit, protocol, rid)
+    finally:
+        deadline = time.monotonic() + 60
+        for _ in copies:
+            done.acquire(timeout=max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise ProtocolError(f"{len(errors)} of the burst's {len(copies)} copies failed, e.g.: {errors[0][:300]}")
+    return sent
+
+
+def _sources(model: str, protocol: str, rid: str, trace_name: str, sent: Sent, fit: InputFit,
+             score_source: str, copies: list[str]) -> dict[str, str]:
+    """Where each figure of an :class:`Inspection` comes from, in words the panel shows."""
+    front = "REST" if protocol.startswith("REST") else "gRPC"
+    return {
+        "wire": f"the bytes this process sent and received over {front} ({sent.request_bytes} B out, "
+        f"{sent.response_bytes} B back)",
+        "answer": score_source,
+        "waterfall": f"the server's trace file {trace_name}* (records with request_id {rid!r} and their children)",
+        "batch": "the trace: requests of one model with identical COMPUTE_START/COMPUTE_END stamps "
+        "ran in one execution",
+        "instance": "the model's live config (instance_group); the trace does not name instances",
+        "statistics": f"GET /v2/models/{model}/stats before and after this send (delta)",
+        "input": fit.how,
+        "burst": (
+            f"{len(copies)} copies of the same tensor sent over gRPC at the same moment as yours"
+            if copies
+            else "none: your request went alone"
+        ),
+    }
+
+
 def inspect(
     server: Any,
     model: str,
@@ -119,61 +163,24 @@ def inspect(
     :class:`~lab_backends.errors.StatisticsError` when the model is not loaded.
     """
     image = np.asarray(image)
-    if image.shape == (8, 8) and not image.any():
-        raise ProtocolError("the pad is blank: draw a digit (or pick one from the test set) before sending")
-    if not 1 <= int(burst) <= MAX_BURST:
-        raise ProtocolError(f"a burst of {burst} is out of range: send 1..{MAX_BURST} copies")
+    _refuse_bad_input(image, burst)
     path = trace.trace_path(server)  # fails early, with how to fix it, on an untraced server
     before = stats.settled_statistics(server, model)  # also fails early if the model is not loaded
     config = live_config(server, model)
     fit = fit_input(config, image)
     rid = request_id or new_request_id()
     copies = [f"{rid}-copy{i}" for i in range(1, int(burst))]
-    done, errors = _fire_copies(server, model, fit, copies)
-    try:
-        sent = send(server, model, fit, protocol, rid)
-    finally:
-        deadline = time.monotonic() + 60
-        for _ in copies:
-            done.acquire(timeout=max(0.0, deadline - time.monotonic()))
-    if errors:
-        raise ProtocolError(f"{len(errors)} of the burst's {len(copies)} copies failed, e.g.: {errors[0][:300]}")
+    sent = _send_with_copies(server, model, fit, protocol, rid, copies)
     stats.rows_since(server, model, stats.totals(before, model).inferences, int(burst))
     after = stats.settled_statistics(server, model)
     log = trace.read_trace(path, request_ids=[rid, *copies], timeout_s=trace_timeout_s).select([rid, *copies])
     scores, predicted, score_source = class_scores(sent.outputs)
     execs = evidence.executions(log, rid)
     execs["instance"] = [evidence.instance_name(live_config(server, m)) for m in execs["model"]]
-    front = "REST" if protocol.startswith("REST") else "gRPC"
-    sources = {
-        "wire": f"the bytes this process sent and received over {front} ({sent.request_bytes} B out, "
-        f"{sent.response_bytes} B back)",
-        "answer": score_source,
-        "waterfall": f"the server's trace file {path.name}* (records with request_id {rid!r} and their children)",
-        "batch": "the trace: requests of one model with identical COMPUTE_START/COMPUTE_END stamps "
-        "ran in one execution",
-        "instance": "the model's live config (instance_group); the trace does not name instances",
-        "statistics": f"GET /v2/models/{model}/stats before and after this send (delta)",
-        "input": fit.how,
-        "burst": (
-            f"{len(copies)} copies of the same tensor sent over gRPC at the same moment as yours"
-            if copies
-            else "none: your request went alone"
-        ),
-    }
     return Inspection(
-        model,
-        protocol,
-        rid,
-        copies,
-        fit,
-        sent,
-        scores,
-        predicted,
-        log,
-        execs,
-        stats.window(before, after, model),
-        evidence.instance_of(config),
-        sources,
-        config.platform,
+        model=model, protocol=protocol, request_id=rid, burst_ids=copies, fit=fit, sent=sent, scores=scores,
+        predicted=predicted, log=log, executions=execs, window=stats.window(before, after, model),
+        instance=evidence.instance_of(config),
+        sources=_sources(model, protocol, rid, path.name, sent, fit, score_source, copies),
+        platform=config.platform,
     )

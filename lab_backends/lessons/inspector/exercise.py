@@ -70,13 +70,13 @@ def _why_small(tuned: Any, size: int) -> str:
 def _drawing(drawing: Any) -> Any:
     import numpy as np
 
-    from .pad import SEVEN, stroke
+    from .pad import GRID, SEVEN, stroke
 
     if drawing is None:
         return stroke(SEVEN)
     image = np.asarray(drawing)
-    if image.shape != (8, 8):
-        raise ExerciseError(f"drawing= takes the pad's 8x8 image (panel.pad.image), not an array of shape "
+    if image.shape != (GRID, GRID):
+        raise ExerciseError(f"drawing= takes the pad's {GRID}x{GRID} image (panel.pad.image), not an array of shape "
                             f"{list(image.shape)}")
     if not image.any():
         raise ExerciseError("your drawing is blank: draw a digit on the pad, then run this cell again")

@@ -22,8 +22,8 @@ from lab_backends.errors import LabBackendsError
 
 from . import core, figures
 from .evidence import ensemble_batch_note, shared_text, window_table
+from .exchange import PROTOCOLS
 from .pad import DigitPad
-from .wire import PROTOCOLS
 
 #: Models offered by default: every digits model whose input a drawing fills.
 MODELS = ("digits_ensemble", "digits_bls", "digits_ensemble_c", "digits_onnx", "digits_torch",
@@ -94,7 +94,7 @@ class RequestInspector:
 
         from lab_backends import rest
 
-        from .wire import fit_input, live_config
+        from .exchange import fit_input, live_config
 
         status, body = rest.request(f"http://{self.server.http_url}/v2/repository/index", method="POST",
                                     body=b"{}", headers=self.server.admin_headers, timeout=10)

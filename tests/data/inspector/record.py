@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     from lab_backends.client import protocol as wire
     from lab_backends.lessons.inspector import SEVEN, inspect, stroke
-    from lab_backends.lessons.inspector.wire import fit_input
+    from lab_backends.lessons.inspector.exchange import fit_input
     from lab_backends.measure import stats, trace
     from lab_backends.server.config_changes import apply_config
     from lab_backends.server.triton_server import TritonServer

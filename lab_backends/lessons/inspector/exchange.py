@@ -1,4 +1,4 @@
-"""One drawn digit on the wire: fit it to a model's input, send it by the chosen protocol, keep the bytes.
+"""One drawn digit, one exchange with the server: fit it to a model's input, send it, keep the bytes.
 
 Why a module of its own: the inspector must show the *exact* request and response, so it cannot go
 through ``tritonclient``'s high-level ``infer`` (which hides the bytes). It reuses the hand-built
@@ -111,7 +111,7 @@ def send(server: Any, model: str, fit: InputFit, protocol: str, request_id: str)
     if front == "http":
         ex = wire_protocol.http_exchange(server, model, inputs, binary=binary, request_id=request_id)
         return Sent(protocol, request_id, ex.show(limit=1500), ex.request_size, ex.response_size,
-                    ex.elapsed_ms, ex.outputs, ex._json_size(ex.request_headers) if binary else None)
+                    ex.elapsed_ms, ex.outputs, ex.request_header_size if binary else None)
     gx = wire_protocol.grpc_exchange(server, model, inputs, request_id=request_id)
     return Sent(protocol, request_id, gx.show(), gx.request_size, gx.response_size, gx.elapsed_ms, gx.outputs)
 
