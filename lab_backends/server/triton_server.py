@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,11 +41,24 @@ from lab_backends.server.readiness import probe_ready
 from lab_backends.server.remote import RemoteTarget
 from lab_backends.server.target import Target
 
-TARGETS: dict[str, Callable[..., Target]] = {
-    "local": lambda s, url, grpc_url: LocalTarget(s.options, s._requested_ports, s.backend_dir, s._run_dir_arg,
-                                                  s.startup_timeout_s),
-    "remote": lambda s, url, grpc_url: RemoteTarget(url, grpc_url, s.startup_timeout_s),
-    "docker": lambda s, url, grpc_url: DockerTarget(s.options, s._requested_ports, s.startup_timeout_s),
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target factory needs from :class:`TritonServer`: handed over, never read from its state."""
+
+    options: ServerOptions
+    ports: tuple[int | None, int | None, int | None]
+    backend_dir: Path
+    run_dir: Path | None
+    startup_timeout_s: float
+    url: str | None
+    grpc_url: str | None
+
+
+TARGETS: dict[str, Callable[[TargetSpec], Target]] = {
+    "local": lambda t: LocalTarget(t.options, t.ports, t.backend_dir, t.run_dir, t.startup_timeout_s),
+    "remote": lambda t: RemoteTarget(t.url, t.grpc_url, t.startup_timeout_s),
+    "docker": lambda t: DockerTarget(t.options, t.ports, t.startup_timeout_s),
 }
 
 
@@ -106,14 +120,13 @@ class TritonServer:
         self.options = ServerOptions(model_repositories=[p.resolve() for p in repos], models=models, **options)
         self.allow_broken_models = allow_broken_models
         self.startup_timeout_s = startup_timeout_s
-        self._requested_ports = (http_port, grpc_port, metrics_port)
         self.backend_dir = Path(backend_dir) if backend_dir else BACKEND_DIR
-        self._run_dir_arg = Path(run_dir) if run_dir else None
         self.broken_models: dict[str, str] = {}
         self._http_client = None
         self._grpc_client = None
-        self._target: Target = TARGETS[target](
-            self, url or os.environ.get("TRITON_URL"), grpc_url or os.environ.get("TRITON_GRPC_URL"))
+        self._target: Target = TARGETS[target](TargetSpec(
+            self.options, (http_port, grpc_port, metrics_port), self.backend_dir, Path(run_dir) if run_dir else None,
+            startup_timeout_s, url or os.environ.get("TRITON_URL"), grpc_url or os.environ.get("TRITON_GRPC_URL")))
 
     # ------------------------------------------------------------------ endpoints (the target's)
     @property

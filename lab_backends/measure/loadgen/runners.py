@@ -99,17 +99,39 @@ class LoadOptions:
         return chosen
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What the server said at one edge of the measured window (``None``: not asked for)."""
+
+    statistics: dict | None
+    metrics_text: str | None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One run's raw material: both phases' records, the clock, the client's CPU, the two snapshots."""
+
+    warm: list[Record]
+    measured: list[Record]
+    origin: float
+    finished: float
+    cpu_s: float
+    before: Snapshot
+    after: Snapshot
+    timeline: list[tuple[float, str]]
+
+
 def _run(server: RunningServer, model: str, phase: Callable[[Any, int, float], Awaitable[list[Record]]],
          options: LoadOptions, warmup_requests: int, max_connections: int, summary_extra: dict[str, Any]) -> LoadResult:
     inputs = options.inputs if options.inputs is not None else example_inputs(server.model_config(model))
     sender = make_sender(server, options.protocol, model, inputs, options.outputs, options.timeout_s, max_connections)
     timeline: list[tuple[float, str]] = []
 
-    def snapshot() -> tuple[dict | None, str | None]:
-        payload = _stats.settled_statistics(server, model) if options.server_stats else None
-        return payload, (_stats.scrape_metrics(server) if options.metrics else None)
+    def snapshot() -> Snapshot:
+        return Snapshot(_stats.settled_statistics(server, model) if options.server_stats else None,
+                        _stats.scrape_metrics(server) if options.metrics else None)
 
-    async def main() -> tuple[list[Record], list[Record], float, float, float, tuple, tuple]:
+    async def main() -> Window:
         loop = asyncio.get_running_loop()
         await sender.open()
         try:
@@ -127,29 +149,26 @@ def _run(server: RunningServer, model: str, phase: Callable[[Any, int, float], A
             after = await loop.run_in_executor(None, snapshot)
         finally:
             await sender.close()
-        return warm, measured, origin, finished, cpu1 - cpu0, before, after
+        return Window(warm, measured, origin, finished, cpu1 - cpu0, before, after, timeline)
 
-    warm, measured, origin, finished, cpu_s, before, after = _run_async(main)
-    return _result(model, options, summary_extra, warm, measured, origin, finished, cpu_s, before, after, timeline)
+    return _result(model, options, summary_extra, _run_async(main))
 
 
-def _result(model: str, options: LoadOptions, summary_extra: dict[str, Any], warm: list[Record],
-            measured: list[Record], origin: float, finished: float, cpu_s: float, before: tuple, after: tuple,
-            timeline: list[tuple[float, str]]) -> LoadResult:
-    frame = records_frame(measured, origin)
-    window_s = (frame["end_s"].max() if len(frame) else finished - origin)
+def _result(model: str, options: LoadOptions, summary_extra: dict[str, Any], run: Window) -> LoadResult:
+    frame = records_frame(run.measured, run.origin)
+    window_s = (frame["end_s"].max() if len(frame) else run.finished - run.origin)
     summary = {"model": model, "protocol": options.protocol, **summary_extra, **summarize(frame, window_s)}
-    summary["client_cpu_s"] = cpu_s
-    summary["client_cpu_us_per_request"] = cpu_s / len(frame) * 1e6 if len(frame) else float("nan")
-    result = LoadResult(requests=frame, summary=summary, warmup=records_frame(warm, origin))
+    summary["client_cpu_s"] = run.cpu_s
+    summary["client_cpu_us_per_request"] = run.cpu_s / len(frame) * 1e6 if len(frame) else float("nan")
+    result = LoadResult(requests=frame, summary=summary, warmup=records_frame(run.warm, run.origin))
     if options.server_stats:
-        result.server = _stats.window(before[0], after[0], model)
-        result.stats_payloads = (before[0], after[0])
+        result.server = _stats.window(run.before.statistics, run.after.statistics, model)
+        result.stats_payloads = (run.before.statistics, run.after.statistics)
     if options.metrics:
-        result.metrics_text = (before[1], after[1])
-        result.metrics = _stats.metrics_delta(before[1], after[1], model)
-    if timeline:
-        result.metrics_timeline = _stats.metrics_timeline(timeline, model)
+        result.metrics_text = (run.before.metrics_text, run.after.metrics_text)
+        result.metrics = _stats.metrics_delta(run.before.metrics_text, run.after.metrics_text, model)
+    if run.timeline:
+        result.metrics_timeline = _stats.metrics_timeline(run.timeline, model)
     return result
 
 
