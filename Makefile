@@ -5,14 +5,21 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
+# pip extras: the goals that run pytest (test, flake) install the `test` extra too (pytest, nbval, ruff, ...).
+EXTRAS ?= $(if $(filter test flake,$(MAKECMDGOALS)),test)
+# PyTorch's wheel index, given to pip as an extra index (empty by default: on the CI machine pip finds the
+# CPU wheel on its disk). On your own Linux machine the public torch==2.13.0 is the CUDA build with its
+# nvidia-* wheels (several GB); for the CPU build, on a fresh .venv:
+#   make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
+STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(EXTRAS))-stamp
 
 .PHONY: setup lab test bench clean-build browser-deps book flake
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e '.$(if $(EXTRAS),[$(EXTRAS)])' $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 	@touch $(STAMP)
 
 # Idempotent: builds models and backends only when they are missing or stale.
