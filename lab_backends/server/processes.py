@@ -4,6 +4,13 @@
 one process group: that group is what we stop. A stub killed hard leaves its shared-memory region
 behind; its name is on the stub's command line, so we record names while the stubs are alive and
 remove exactly those files afterwards (never another server's).
+
+Processes are read with :mod:`psutil`. They come and go while we look (a stub exits, a server is
+being stopped): one that vanishes meanwhile is skipped, never an error, and a zombie (exited, not
+yet reaped) counts as gone. These functions are polled in loops (the watchdog, ``stop_group``), so
+they read no more than they need: ``group_members`` asks every process only for its process group
+(one system call, :func:`os.getpgid`, as psutil has no such attribute) and reads the state of
+members alone.
 """
 
 from __future__ import annotations
@@ -12,42 +19,46 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
+
 from lab_backends.waiting import poll
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+#: What a process that is gone, or not ours to read, raises while we look at it.
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # psutil.ZombieProcess is a NoSuchProcess
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie is dead for our purposes, one we may not read is alive."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:
+        return True
+    except psutil.NoSuchProcess:
+        return False
 
 
 def group_members(pgid: int) -> list[int]:
-    """PIDs whose process group is ``pgid`` (read from /proc, no psutil needed)."""
+    """PIDs whose process group is ``pgid``, zombies left out."""
     members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in psutil.pids():
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
+            if os.getpgid(pid) != pgid:
+                continue
+        except OSError:  # gone meanwhile
             continue
-        # fields after the ")" that closes the command name: state ppid pgrp ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
+        if alive(pid):
+            members.append(pid)
     return members
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (the stubs of a server), cheaply, from /proc/<pid>/task/*/children."""
-    found: list[int] = []
+    """Direct children of ``pid`` (the stubs of a server); none when ``pid`` is gone."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            continue
-    return found
+        return [child.pid for child in psutil.Process(pid).children()]
+    except _GONE:
+        return []
 
 
 def shm_regions(pids: list[int]) -> set[str]:
@@ -56,17 +67,21 @@ def shm_regions(pids: list[int]) -> set[str]:
     A stub names its region on its command line; the server holds every region of its stubs open
     (also the region of a stub that was killed), so its open files are read too.
     """
-    names = set()
+    names: set[str] = set()
     for pid in pids:
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            names.update(a.decode() for a in args if a.startswith(SHM_PREFIX.encode()))
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(f"{SHM_DIR}/{SHM_PREFIX}"):
-                    names.add(target.rsplit("/", 1)[1].split(" ")[0])
-        except OSError:
+            process = psutil.Process(pid)
+            names.update(arg for arg in process.cmdline() if arg.startswith(SHM_PREFIX))
+        except _GONE:
             continue
+        try:
+            files = process.open_files()
+        except _GONE:  # exited meanwhile, or another user's process: its command line is what we get
+            continue
+        for file in files:
+            path = Path(file.path)
+            if path.parent == SHM_DIR and path.name.startswith(SHM_PREFIX):
+                names.add(path.name)
     return names
 
 
@@ -79,20 +94,6 @@ def remove_shm(names: set[str]) -> list[str]:
         except FileNotFoundError:
             pass
     return removed
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        state = Path(f"/proc/{pid}/stat").read_text()
-        return state[state.rfind(")") + 2] != "Z"
-    except OSError:
-        return False
 
 
 def kill_group(pgid: int, sig: int) -> None:
