@@ -3,12 +3,15 @@
 Every module of ``lab_backends`` belongs to one layer; a module may import its own layer and the
 layers below, never one above. Imports are read with ``ast`` from the source, including those
 inside functions and under ``if TYPE_CHECKING``, so a lazy import cannot hide an upward call.
-Also: no module over 350 lines (small modules with one job each).
+Also: no module over 350 lines (small modules with one job each), and no import cycle between
+modules: none at module level, and none hidden by an import inside a function either, unless that
+one import is allow-listed in ``CYCLE_ALLOWED`` with its reason.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,9 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 MAX_LINES = 350
+#: Imports allowed to close an import cycle, each with its reason: (importer, imported) -> why. Only a
+#: deferred import (inside a function) may be listed; a cycle at module level is never allowed.
+CYCLE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> list[Path]:
@@ -69,6 +75,165 @@ def imported_modules(path: Path, root: Path = PROJECT_ROOT) -> list[tuple[int, s
             else:
                 found.append((node.lineno, target))
     return [(line, mod) for line, mod in found if mod == "lab_backends" or mod.startswith("lab_backends.")]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import between two modules of the package; ``when`` is when it runs.
+
+    ``module``: when the importer is imported (also inside ``try``/``if`` at module level);
+    ``deferred``: inside a function, at its first call; ``typing``: under ``if TYPE_CHECKING``, never.
+    """
+
+    importer: str
+    imported: str
+    path: str
+    line: int
+    when: str
+
+
+def _when(ancestors: list[ast.AST]) -> str:
+    if any(isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for a in ancestors):
+        return "deferred"
+    if any(isinstance(a, ast.If) and "TYPE_CHECKING" in ast.unparse(a.test) for a in ancestors):
+        return "typing"
+    return "module"
+
+
+def import_edges(root: Path = PROJECT_ROOT) -> list[Edge]:
+    """Every import from one ``lab_backends`` module of ``root`` to another, resolved to modules.
+
+    ``from lab_backends.measure import stats`` imports the module ``lab_backends.measure.stats``;
+    ``from lab_backends import TritonServer`` the package ``lab_backends`` (its ``__init__``). The
+    parents that Python runs first (``lab_backends/__init__.py`` for every module) are not counted:
+    every module would share a cycle through the package's ``__init__``, which imports TritonServer.
+    """
+    paths = {_module_name(p, root): p for p in sorted((root / "lab_backends").rglob("*.py"))}
+    edges: list[Edge] = []
+    for importer, path in paths.items():
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        rel = str(path.relative_to(root))
+
+        def add(target: str, node: ast.stmt, ancestors: list[ast.AST]) -> None:
+            while target and target not in paths:  # "import lab_backends.x.f" where f is no module
+                target = target.rpartition(".")[0]
+            if target:
+                edges.append(Edge(importer, target, rel, node.lineno, _when(ancestors)))
+
+        def visit(node: ast.AST, ancestors: list[ast.AST]) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.Import):
+                    for alias in child.names:
+                        add(alias.name, child, ancestors)
+                elif isinstance(child, ast.ImportFrom):
+                    base = child.module or ""
+                    if child.level:
+                        parts = package.split(".")
+                        base = ".".join(parts[: len(parts) - (child.level - 1)] + ([base] if base else []))
+                    for alias in child.names:
+                        add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base, child, ancestors)
+                visit(child, [*ancestors, child])
+
+        visit(ast.parse(path.read_text(), str(path)), [])
+    return edges
+
+
+def import_cycles(edges: list[Edge]) -> list[list[str]]:
+    """The modules of each import cycle (Tarjan's strongly connected components), sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
+        graph.setdefault(e.imported, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1 or v in graph[v]:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(cycles)
+
+
+def _describe(cycles: list[list[str]], edges: list[Edge]) -> str:
+    lines = []
+    for cycle in cycles:
+        lines.append(" <-> ".join(cycle))
+        lines += [f"    {e.path}:{e.line} imports {e.imported} ({e.when})" for e in edges
+                  if e.importer in cycle and e.imported in cycle]
+    return "\n".join(lines)
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    edges = [e for e in import_edges() if e.when == "module"]
+    cycles = import_cycles(edges)
+    assert not cycles, ("import cycles at module level (move the shared piece into a module both can import):\n"
+                        + _describe(cycles, edges))
+
+
+def test_no_import_cycle_hidden_by_a_deferred_import() -> None:
+    """An import inside a function (or under TYPE_CHECKING) that closes a cycle hides it; it is one still."""
+    edges = [e for e in import_edges() if (e.importer, e.imported) not in CYCLE_ALLOWED]
+    cycles = import_cycles(edges)
+    assert not cycles, ("import cycles through deferred imports (move the shared piece into a module both can "
+                        "import, or allow-list the deferred import in CYCLE_ALLOWED with its reason):\n"
+                        + _describe(cycles, edges))
+
+
+def test_every_allowed_cycle_import_is_deferred_and_needed() -> None:
+    edges = import_edges()
+    for pair, reason in CYCLE_ALLOWED.items():
+        found = [e for e in edges if (e.importer, e.imported) == pair]
+        assert found and reason, f"CYCLE_ALLOWED lists {pair}, which no module imports now, or gives no reason"
+        assert all(e.when != "module" for e in found), f"{pair} is imported at module level: never allowed"
+        assert import_cycles(edges) != import_cycles([e for e in edges if (e.importer, e.imported) != pair]), \
+            f"{pair} closes no cycle any more: remove it from CYCLE_ALLOWED"
+
+
+def test_the_cycle_checker_finds_fabricated_cycles(tmp_path: Path) -> None:
+    """The checker itself: a module-level cycle, one hidden by a lazy or a relative import, a self-import."""
+    files = {
+        "__init__.py": "from lab_backends.top import run\n",  # a parent: not an edge of every module
+        "top.py": "from lab_backends import pkg\nimport lab_backends.pkg.low\ndef run(): pass\n",
+        "pkg/__init__.py": "",
+        "pkg/low.py": "from lab_backends import errors\n",
+        "errors.py": "",
+        "a.py": "from lab_backends.b import thing\n",
+        "b.py": "try:\n    from . import a\nexcept ImportError:\n    a = None\nthing = 1\n",
+        "lazy.py": "from lab_backends.pkg.hidden import f\n",
+        "pkg/hidden.py": "def f():\n    from ..lazy import g\n    return g\n",
+        "user.py": "from lab_backends import run\n",
+        "typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lab_backends import typed\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "lab_backends" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lab_backends" / name).write_text(text)
+    edges = import_edges(tmp_path)
+    assert ("lab_backends.top", "lab_backends.pkg", "module") in {(e.importer, e.imported, e.when) for e in edges}
+    assert ("lab_backends.top", "lab_backends.pkg.low") in {(e.importer, e.imported) for e in edges}
+    assert import_cycles([e for e in edges if e.when == "module"]) == [["lab_backends.a", "lab_backends.b"]]
+    assert ("lab_backends.user", "lab_backends") in {(e.importer, e.imported) for e in edges}  # a name, no module
+    assert import_cycles(edges) == [["lab_backends.a", "lab_backends.b"],
+                                    ["lab_backends.lazy", "lab_backends.pkg.hidden"], ["lab_backends.typed"]]
+    report = _describe(import_cycles(edges), edges)
+    assert "lab_backends/pkg/hidden.py:2 imports lab_backends.lazy (deferred)" in report
+    assert "lab_backends/typed.py:3 imports lab_backends.typed (typing)" in report
 
 
 def test_every_module_is_in_a_layer() -> None:

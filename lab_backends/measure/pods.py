@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError, TraceError
+from lab_backends.measure.trace_records import read_records
 from lab_backends.server import endpoints
 from lab_backends.server.endpoints import sum_payloads, summed_statistics  # noqa: F401 - re-exported
 
@@ -52,10 +53,8 @@ def summed_metrics(server: Any, timeout_s: float = 10.0) -> str:
 
 
 def _served(path: Path, request_ids: set[str]) -> bool:
-    from lab_backends.measure import trace
-
     try:
-        records = trace.read_records(path)
+        records = read_records(path)
     except TraceError:
         return False
     found = {r.get("request_id") for r in records if r.get("request_id")}

@@ -41,8 +41,6 @@ src/tracer.cc:235-254, 1200-1213, 1242-1248 at r24.10). With ``log_frequency=N``
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -57,6 +55,10 @@ from lab_backends.measure.trace_control import send_burst as send_burst
 from lab_backends.measure.trace_control import trace_path as trace_path
 from lab_backends.measure.trace_control import trace_settings as trace_settings
 from lab_backends.measure.trace_control import update_trace_settings as update_trace_settings
+
+# Reading the files (trace_records, below both this module and pods); notebooks call them as trace.*.
+from lab_backends.measure.trace_records import read_records as read_records
+from lab_backends.measure.trace_records import trace_files as trace_files
 from lab_backends.waiting import poll
 
 #: The stages of one request, in the order a request goes through them.
@@ -70,7 +72,6 @@ _SPANS = {
     "infer": ("COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"),
     "output": ("COMPUTE_OUTPUT_START", "COMPUTE_END"),
 }
-_PART = re.compile(r"\.(\d+)$")
 REQUEST_COLUMNS = [
     "trace_id", "parent_id", "model", "version", "request_id", "protocol", "depth",
     "start_ns", "end_ns", "total_ms", *[f"{s}_ms" for s in STAGES], "cache_hit", "children",
@@ -82,52 +83,6 @@ STAGE_COLUMNS = [
 
 
 # ---------------------------------------------------------------------------------------- files
-def trace_files(path: str | Path) -> list[Path]:
-    """``F`` and/or its parts ``F.0``, ``F.1``, ... (numeric order) that exist now."""
-    path = Path(path)
-    parts = []
-    if path.parent.is_dir():
-        for candidate in path.parent.iterdir():
-            match = _PART.search(candidate.name)
-            if match and candidate.name[: match.start()] == path.name:
-                parts.append((int(match.group(1)), candidate))
-    found = [p for _, p in sorted(parts)]
-    if path.is_file():
-        found.append(path)
-    return found
-
-
-def _read_one(path: Path) -> list[dict]:
-    text = path.read_text()
-    if not text.strip():
-        return []
-    try:
-        records = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(
-            f"{path} is not a complete JSON array ({exc}); Triton may still be writing it. "
-            "Read the trace after the server stopped (or its trace settings changed), or use trace_log_frequency=1."
-        ) from exc
-    if not isinstance(records, list):
-        raise TraceError(f"{path} holds a {type(records).__name__}, not the JSON array Triton writes")
-    return records
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Every record of a trace file and its parts, concatenated (order does not matter)."""
-    files = trace_files(path)
-    if not files:
-        raise TraceError(
-            f"no trace file at {path} (nor {Path(path).name}.0, ...). Start the server with "
-            "trace_file=..., and note that with trace_log_frequency=0 the file appears only at shutdown "
-            "(or when the trace settings change)."
-        )
-    records: list[dict] = []
-    for file in files:
-        records.extend(_read_one(file))
-    return records
-
-
 def read_trace(path: str | Path, expect: int = 0, timeout_s: float = 10.0,
          request_ids: Iterable[str] = ()) -> "TraceLog":
     """Parse the trace at ``path``, waiting up to ``timeout_s`` until it is complete enough.
