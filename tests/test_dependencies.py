@@ -157,8 +157,8 @@ def test_every_third_party_import_is_declared() -> None:
             continue
         runtime = sorted(f for f in files if not _test_side(f))
         if runtime and dist not in core:
-            where = "the `test` extra only" if dist in test else "nowhere"
-            problems.append(f"{key} ({dist}): imported at run time by {runtime[:3]}, declared in {where}; "
+            where = "only in the `test` extra" if dist in test else "nowhere"
+            problems.append(f"{key} ({dist}): imported at run time by {runtime[:3]}, declared {where}; "
                             "add it to [project] dependencies")
         elif not runtime and dist not in core | test:
             problems.append(f"{key} ({dist}): imported by {sorted(files)[:3]}, declared nowhere; "
