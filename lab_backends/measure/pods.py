@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError, TraceError
+from lab_backends.measure.prometheus import Metrics, parse_metrics, render_metrics
 from lab_backends.measure.trace_records import read_records
 from lab_backends.server import endpoints
 from lab_backends.server.endpoints import sum_payloads, summed_statistics  # noqa: F401 - re-exported
@@ -24,13 +25,11 @@ from lab_backends.server.endpoints import sum_payloads, summed_statistics  # noq
 def summed_metrics(server: Any, timeout_s: float = 10.0) -> str:
     """Every pod's Prometheus page, samples with equal name and labels added up, as one page.
 
-    Counters and gauges both add up across pods (requests, queued requests, memory); quantiles of
-    summaries do not, and are left out rather than made up.
+    Counters and gauges both add up across pods (requests, queued requests, memory), and so do a
+    histogram's buckets and a summary's ``_sum`` and ``_count``; quantiles of summaries do not, and
+    are left out rather than made up.
     """
-    from lab_backends.measure.prometheus import parse_metrics
-
-    total: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    types: dict[str, str] = {}
+    total = Metrics({}, {}, {})
     for pod in server.endpoints:
         url = endpoints.pod_metrics_url(pod, server.metrics_url)
         try:
@@ -40,16 +39,13 @@ def summed_metrics(server: Any, timeout_s: float = 10.0) -> str:
         if status != 200:
             raise StatisticsError(f"pod {pod.pod}: the metrics page {url} answered HTTP {status}")
         page = parse_metrics(body.decode())
-        types.update(page.types)
+        total.types.update(page.types)
+        total.family_of.update(page.family_of)
         for key, value in page.samples.items():
             if any(label == "quantile" for label, _ in key[1]):
                 continue
-            total[key] = total.get(key, 0.0) + value
-    lines = [f"# TYPE {name} {kind}" for name, kind in sorted(types.items())]
-    for (name, labels), value in total.items():
-        rendered = ",".join(f'{k}="{v}"' for k, v in labels)
-        lines.append(f"{name}{{{rendered}}} {value!r}" if rendered else f"{name} {value!r}")
-    return "\n".join(lines) + "\n"
+            total.samples[key] = total.samples.get(key, 0.0) + value
+    return render_metrics(total)
 
 
 def _served(path: Path, request_ids: set[str]) -> bool:

@@ -2,65 +2,104 @@
 
 The metrics endpoint is the server's other window on itself (beside the statistics API of
 :mod:`lab_backends.measure.stats`): counters any monitoring system scrapes, and, with
-``--metrics-config summary_latencies=true``, quantiles the server computes itself. Pure functions on
-the page's text, unit-tested on pages recorded from a real server.
+``--metrics-config summary_latencies=true``, quantiles the server computes itself (or, with
+``histogram_latencies=true``, histogram buckets). The page is read with ``prometheus_client``'s
+parser, every family kept: counters, gauges, summaries and histograms. Pure functions on the page's
+text, unit-tested on pages recorded from a real server and on pages written by ``prometheus_client``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from lab_backends.errors import StatisticsError
 
 # ------------------------------------------------------------------------------- Prometheus text
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Labels = tuple[tuple[str, str], ...]
+#: A counter declared as ``x_total``: the parser names its family ``x`` and keeps the samples' ``x_total``;
+#: a counter declared as ``x`` (all of Triton's) it also names ``x`` but renames the samples ``x_total``.
+_COUNTER_TYPE = re.compile(r"^#\s*TYPE\s+(\S+)\s+counter\s*$", re.MULTILINE)
 
 
 @dataclass
 class Metrics:
-    """A parsed Prometheus page: samples keyed by (name, sorted labels), plus each family's type."""
+    """A parsed Prometheus page, every sample under the name the page gives it.
 
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    * ``samples``: (sample name, sorted labels) -> value. A summary has its quantile samples (label
+      ``quantile``) plus ``_sum`` and ``_count``; a histogram its ``_bucket`` samples (label ``le``,
+      cumulative) plus ``_sum`` and ``_count``.
+    * ``types``: family name, as its ``# TYPE`` line writes it -> counter, gauge, summary or histogram.
+    * ``family_of``: sample name -> its family's name (``x_bucket`` -> ``x``), in page order.
+    """
+
+    samples: dict[tuple[str, Labels], float]
     types: dict[str, str]
+    family_of: dict[str, str] = field(default_factory=dict)
+
+    def kind(self, sample: str) -> str:
+        """The type of the family that ``sample`` belongs to; ``untyped`` without a ``# TYPE`` line."""
+        return self.types.get(self.family_of.get(sample, sample), "untyped")
 
 
 def parse_metrics(text: str) -> Metrics:
-    """Parse the Prometheus text format (enough of it for Triton's page)."""
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    """Parse the Prometheus text format (``prometheus_client.parser``); no family is dropped."""
+    declared_total = set(_COUNTER_TYPE.findall(text))
+    samples: dict[tuple[str, Labels], float] = {}
     types: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("# TYPE"):
-            parts = line.split()
-            if len(parts) >= 4:
-                types[parts[2]] = parts[3]
-            continue
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, labels, value = match.groups()
-        key = tuple(sorted(_LABEL.findall(labels or "")))
-        try:
-            samples[(name, key)] = float(value)
-        except ValueError:
-            continue
-    return Metrics(samples, types)
+    family_of: dict[str, str] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise StatisticsError(f"the metrics page is not in the Prometheus text format: {exc}") from exc
+    for family in families:
+        name = family.name
+        renamed = family.type == "counter" and f"{name}_total" not in declared_total  # undo the parser's _total
+        if family.type == "counter" and not renamed:
+            name = f"{name}_total"
+        if family.type not in ("unknown", "untyped"):
+            types[name] = family.type
+        for sample in family.samples:
+            sample_name = name if renamed else sample.name
+            family_of[sample_name] = name
+            samples[(sample_name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return Metrics(samples, types, family_of)
+
+
+def render_metrics(metrics: Metrics) -> str:
+    """A :class:`Metrics` written back as a Prometheus text page: each family's ``# TYPE``, then its samples."""
+    by_family: dict[str, list[str]] = {}
+    for (name, labels), value in metrics.samples.items():
+        family = metrics.family_of.get(name, name)
+        rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        line = f"{name}{{{rendered}}} {floatToGoString(value)}" if rendered else f"{name} {floatToGoString(value)}"
+        by_family.setdefault(family, []).append(line)
+    lines = []
+    for family in dict.fromkeys([*by_family, *metrics.types]):  # also a declared family without samples
+        if family in metrics.types:
+            lines.append(f"# TYPE {family} {metrics.types[family]}")
+        lines += by_family.get(family, [])
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def metrics_delta(before: str | Metrics, after: str | Metrics, model: str | None = None) -> dict[str, float]:
     """Counter deltas (summed over label sets) and gauge values after, for one model or all.
 
-    Counters are what a window is made of (``nv_inference_count``, ``..._duration_us``); a gauge
-    (``nv_cpu_utilization``, memory) has no meaningful difference, so its *after* value is given.
-    Samples that carry a ``model`` label are kept only when it matches ``model``.
+    Counters are what a window is made of (``nv_inference_count``, ``..._duration_us``), and so are
+    a summary's and a histogram's ``_sum`` and ``_count``; a histogram's buckets are counters too,
+    one per upper bound, keyed ``name{le="..."}``. Quantiles are not (the server's sliding window),
+    and a gauge (``nv_cpu_utilization``, memory) has no meaningful difference, so its *after* value
+    is given. Samples that carry a ``model`` label are kept only when it matches ``model``.
     """
     b = before if isinstance(before, Metrics) else parse_metrics(before)
     a = after if isinstance(after, Metrics) else parse_metrics(after)
@@ -69,11 +108,12 @@ def metrics_delta(before: str | Metrics, after: str | Metrics, model: str | None
         label_map = dict(labels)
         if model is not None and "model" in label_map and label_map["model"] != model:
             continue
-        kind = a.types.get(name) or a.types.get(re.sub(r"_(sum|count|total|bucket)$", "", name), "untyped")
-        if kind == "counter" or (kind == "summary" and name.endswith(("_sum", "_count"))):
-            out[name] = out.get(name, 0.0) + value - b.samples.get((name, labels), 0.0)
-        elif kind == "gauge":
+        kind = a.kind(name)
+        if kind == "gauge":
             out[name] = out.get(name, 0.0) + value
+        elif kind == "counter" or (kind in ("summary", "histogram") and "quantile" not in label_map):
+            key = f'{name}{{le="{label_map["le"]}"}}' if kind == "histogram" and "le" in label_map else name
+            out[key] = out.get(key, 0.0) + value - b.samples.get((name, labels), 0.0)
     return out
 
 
