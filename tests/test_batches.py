@@ -26,7 +26,7 @@ from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
 from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.measure.probe_load import probe_load
-from lab_backends.waiting import poll
+from lab_backends.measure.stats import entry_when
 
 DATA = Path(__file__).parent / "data" / "batches"
 MODEL = scheduler.MODEL
@@ -257,8 +257,7 @@ def test_live_reload_warms_every_instance_inside_triton(live) -> None:
     scheduler.reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 3}], "dynamic_batching": policy},
                      shipped, warm=2)
     # Counted as each warm-up request is released: poll (bounded) rather than trust one early read.
-    stats = poll(lambda: server.statistics(MODEL)["model_stats"][0],
-                 lambda s: int(s["execution_count"]) >= 6, 5.0, 0.02)
+    stats = entry_when(server, MODEL, lambda s: int(s["execution_count"]) >= 6)
     assert int(stats["execution_count"]) == 6 and int(stats["inference_stats"]["success"]["count"]) == 6
     bad = with_warmup(shipped, 1)
     bad.model_warmup[0].inputs["INPUT0"].dims[:] = [5]

@@ -23,10 +23,9 @@ from tritonclient.utils import InferenceServerException
 from lab_backends.client.infer import infer
 from lab_backends.digits import build_models, normalize
 from lab_backends.digits.reference import onnx_logits, top_k, torch_logits
-from lab_backends.measure.stats import fetch_statistics, model_entries
+from lab_backends.measure.stats import entry_when
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.triton_server import TritonServer
-from lab_backends.waiting import poll
 
 pytestmark = pytest.mark.server
 
@@ -203,8 +202,7 @@ def test_each_execute_runs_the_framework_once(server, expected, framework):
         text = response.read().decode()  # the model's counters: final once every answer is in
     runs, rows = _metric(text, "lab_framework_runs", model), _metric(text, "lab_framework_rows", model)
     # Triton's statistics count a request as it releases it, a moment after the answer: wait for them.
-    stats = poll(lambda: model_entries(fetch_statistics(server, model), model)[0],
-                 lambda s: int(s["execution_count"]) >= runs and int(s["inference_count"]) >= rows, 5.0, 0.02)
+    stats = entry_when(server, model, lambda s: int(s["execution_count"]) >= runs and int(s["inference_count"]) >= rows)
     assert runs == int(stats["execution_count"])
     assert rows == int(stats["inference_count"])
     assert int(stats["execution_count"]) < int(stats["inference_count"])  # batches held several rows

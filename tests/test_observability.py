@@ -9,6 +9,7 @@ import pytest
 from lab_backends.errors import LoadSettingError, StatisticsError
 from lab_backends.lessons import caching
 from lab_backends.measure import loadgen, prometheus, stats
+from lab_backends.server import endpoints
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
@@ -74,16 +75,13 @@ def test_summary_quantiles(server) -> None:
 
 def test_statistics_errors_name_the_model_and_the_fix(server) -> None:
     """A refused statistics call says what Triton answered and what to check, for both causes."""
-    with pytest.raises(StatisticsError, match=r"HTTP 400 for model 'no_such_model'.*Is the model loaded"):
+    with pytest.raises(StatisticsError, match=r"HTTP 400 for the statistics of 'no_such_model'.*Is the model loaded"):
         stats.fetch_statistics(server, "no_such_model")
-
-    class NoKey:  # the same server seen by a client that lacks the admin key
-        http_url = server.http_url
-        admin_headers: dict = {}
-
+    # The same server seen by a client that lacks the admin key (the one path every reader takes).
     with pytest.raises(StatisticsError, match=r"HTTP 403 .*admin key"):
-        stats.fetch_statistics(NoKey(), "cost_model")
+        endpoints.statistics_payload(server.http_url, "cost_model", {})
     assert stats.fetch_statistics(server, "cost_model")["model_stats"][0]["name"] == "cost_model"
+    assert server.statistics("cost_model")["model_stats"][0]["name"] == "cost_model"
 
 
 def test_rows_since_waits_for_the_release_and_no_longer(server) -> None:

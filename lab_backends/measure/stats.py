@@ -11,14 +11,12 @@ dicts or text, so the arithmetic is unit-tested on payloads recorded from a real
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
 from lab_backends.measure.prometheus import Metrics, metrics_delta, metrics_timeline, parse_metrics
-from lab_backends.server.endpoints import summed_statistics
 from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll, settled
 
@@ -31,19 +29,10 @@ STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 def fetch_statistics(server: RunningServer, model: str = "", timeout_s: float = 10.0) -> dict:
     """``GET /v2/models/<model>/stats`` with the server's admin key (the API is restricted).
 
-    Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
-    any thread (the latter is gevent-based and must stay on one thread), e.g. during a load.
+    The same path as ``server.statistics`` (over REST, from any thread; summed over the pods of a
+    class server), kept under this name for the measuring code that reads it.
     """
-    if len(getattr(server, "endpoints", ())) > 1:  # a class server: counts summed over the pods
-        return summed_statistics(server, model, timeout_s)
-    path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
-    status, body = rest.request(f"http://{server.http_url}{path}", headers=server.admin_headers, timeout=timeout_s)
-    if status != 200:
-        raise StatisticsError(
-            f"the statistics API answered HTTP {status} for model '{model}': {body.decode(errors='replace')}. "
-            "Is the model loaded, and does the server object carry the admin key?"
-        )
-    return json.loads(body)
+    return server.statistics(model, timeout_s)
 
 
 def scrape_metrics(server: RunningServer, timeout_s: float = 10.0) -> str:
@@ -216,6 +205,16 @@ def rows_since(server: RunningServer, model: str, before: int, expected: int, wa
     return poll(lambda: inference_count(server, model) - before, lambda rows: rows >= expected, wait_s, 0.02)
 
 
+def entry_when(server: RunningServer, model: str, done: Callable[[dict], bool], wait_s: float = 5.0) -> dict:
+    """``model``'s statistics entry once ``done(entry)`` holds; the last one read after ``wait_s``.
+
+    For a test or a lesson that knows what the counts must reach: Triton counts a request when it
+    releases it, a moment after the client has its answer, so one early read can miss the last
+    ones. The caller then asserts the exact numbers on the entry returned.
+    """
+    return poll(lambda: model_entries(fetch_statistics(server, model), model)[0], done, wait_s, 0.02)
+
+
 def settled_statistics(server: RunningServer, model: str, attempts: int = 400) -> dict:
     """A statistics snapshot once the counters stop moving.
 
@@ -231,6 +230,6 @@ def settled_statistics(server: RunningServer, model: str, attempts: int = 400) -
     return settled(lambda: fetch_statistics(server, model), key, attempts=attempts)
 
 
-__all__ = ["STAGES", "Metrics", "ServerWindow", "Totals", "fetch_statistics", "inference_count", "metrics_delta",
-           "metrics_timeline", "model_entries", "parse_metrics", "rows_since", "scrape_metrics", "settled_statistics",
-           "totals", "window"]
+__all__ = ["STAGES", "Metrics", "ServerWindow", "Totals", "entry_when", "fetch_statistics", "inference_count",
+           "metrics_delta", "metrics_timeline", "model_entries", "parse_metrics", "rows_since", "scrape_metrics",
+           "settled_statistics", "totals", "window"]

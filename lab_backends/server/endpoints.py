@@ -126,19 +126,29 @@ def trace_files(template: str | Path) -> dict[str, Path]:
 _PAIRS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
 
-def pod_statistics(pod: Endpoint, model: str, headers: Mapping[str, str], timeout_s: float = 10.0) -> dict:
-    """One pod's statistics payload (the API may be open on a shared server: headers may be empty)."""
+def statistics_payload(http_url: str, model: str, headers: Mapping[str, str], timeout_s: float = 10.0,
+                       who: str = "the server") -> dict:
+    """``GET /v2/models/<model>/stats`` at ``http_url``: the one way this package reads the statistics API.
+
+    Through :func:`lab_backends.rest.request` rather than ``tritonclient.http``, so it may run from
+    any thread (the latter is gevent-based and must stay on one thread), e.g. during a load.
+    """
     path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
     try:
-        status, body = rest.request(f"http://{pod.http_url}{path}", headers=dict(headers), timeout=timeout_s)
+        status, body = rest.request(f"http://{http_url}{path}", headers=dict(headers), timeout=timeout_s)
     except OSError as exc:
-        raise StatisticsError(f"pod {pod.pod} ({pod.http_url}) did not answer the statistics API: {exc}") from exc
+        raise StatisticsError(f"{who} did not answer the statistics API: {exc}") from exc
     if status != 200:
         raise StatisticsError(
-            f"pod {pod.pod} ({pod.http_url}) answered HTTP {status} for the statistics of '{model}': "
-            f"{body.decode(errors='replace')[:200]}"
+            f"{who} answered HTTP {status} for the statistics of '{model}': {body.decode(errors='replace')[:300]}. "
+            "Is the model loaded, and does the server object carry the admin key?"
         )
     return json.loads(body)
+
+
+def pod_statistics(pod: Endpoint, model: str, headers: Mapping[str, str], timeout_s: float = 10.0) -> dict:
+    """One pod's statistics payload (the API may be open on a shared server: headers may be empty)."""
+    return statistics_payload(pod.http_url, model, headers, timeout_s, who=f"pod {pod.pod} ({pod.http_url})")
 
 
 def _add_pair(into: dict, entry: Mapping[str, Any] | None) -> None:

@@ -330,9 +330,13 @@ class TritonServer:
 
         return config_from_json(self.http_client.get_model_config(name))
 
-    def statistics(self, name: str = "") -> dict:
-        """The statistics API (restricted: the admin key is sent for you)."""
+    def statistics(self, name: str = "", timeout_s: float = 10.0) -> dict:
+        """The statistics API (restricted: the admin key is sent for you), from any thread.
+
+        A :class:`~lab_backends.errors.StatisticsError` says why when it does not answer (e.g. the
+        model is not loaded).
+        """
         if len(self.endpoints) > 1:  # one answer for the class: counts summed over the pods
-            return _endpoints.summed_statistics(self, name)
-        return self.http_client.get_inference_statistics(name, headers=self.admin_headers)
+            return _endpoints.summed_statistics(self, name, timeout_s)
+        return _endpoints.statistics_payload(self.http_url, name, self.admin_headers, timeout_s)
 

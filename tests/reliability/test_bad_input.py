@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends import rest
 from lab_backends.client.infer import infer
-from lab_backends.waiting import poll
+from lab_backends.measure.stats import entry_when
 
 from .conftest import known_good
 
@@ -137,7 +137,8 @@ def test_errors_are_counted_as_failures_by_the_statistics_api(rel_server):
     for _ in range(3):
         _error(rel_server, "grpc", "rel_raise", {"INPUT0": GOOD})
     # Counted as Triton releases each request, a moment after the client has its error: wait for it.
-    after = poll(lambda: rel_server.statistics("rel_raise")["model_stats"][0]["inference_stats"],
-                 lambda s: int(s["fail"]["count"]) >= int(before["fail"]["count"]) + 3, 5.0, 0.02)
+    after = entry_when(rel_server, "rel_raise",
+                       lambda s: int(s["inference_stats"]["fail"]["count"]) >= int(before["fail"]["count"]) + 3
+                       )["inference_stats"]
     assert int(after["fail"]["count"]) == int(before["fail"]["count"]) + 3
     assert int(after["success"]["count"]) == int(before["success"]["count"]) == 0
