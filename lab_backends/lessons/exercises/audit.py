@@ -28,6 +28,7 @@ import importlib.util
 import io
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -73,6 +74,7 @@ class Verdict:
     accepted: int = 0
     alternatives: int = 0
     problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -170,6 +172,7 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
     """Run every case of exercise ``name``; ``server`` is handed to the checker (None: it starts its own)."""
     ex = get(name)
     verdict = Verdict(name)
+    started = time.monotonic()
 
     def run(label: str, answer: Any) -> tuple[str, str]:
         """('not-attempted' | 'pass' | 'refused' | 'error', message)."""
@@ -217,6 +220,7 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
     if verdict.wrong < MIN_WRONG or verdict.alternatives < MIN_ALTERNATIVES:
         verdict.problems.append(f"needs >= {MIN_WRONG} wrong answers and >= {MIN_ALTERNATIVES} alternative "
                                 f"in {cases_dir / (name + '.py')}")
+    verdict.seconds = time.monotonic() - started
     return verdict
 
 
