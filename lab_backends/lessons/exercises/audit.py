@@ -229,26 +229,31 @@ def _first(message: str, width: int = 240) -> str:
 
 
 @contextlib.contextmanager
-def shared_server(names: list[str]) -> Iterator[Any]:
-    """One server with every model the named exercises declare (checkers that need more start their own)."""
-    from lab_backends.server.triton_server import TritonServer
+def shared_servers(names: list[str]) -> Iterator[dict[bool, Any]]:
+    """Two servers at most, one untraced and one traced, each with the models its exercises declare.
 
-    models = sorted({m for n in names for m in get(n).models})
-    if not models:
-        yield None
-        return
-    with TritonServer(models=models, target="local") as server:
-        yield server
+    Checkers that need more (their own repository, a C backend) start their own, as for a learner.
+    """
+    from lab_backends.lessons.exercises.registry import Exercise, started_for
+
+    with contextlib.ExitStack() as stack:
+        servers: dict[bool, Any] = {}
+        for traced in (False, True):
+            models = sorted({m for n in names if get(n).traced == traced for m in get(n).models})
+            if models:
+                servers[traced] = stack.enter_context(started_for(Exercise("audit", "", "", tuple(models),
+                                                                           lambda a, s: "", traced)))
+        yield servers
 
 
 def audit(names: list[str] | None = None, emit: Callable[[str], None] = print) -> list[Verdict]:
     """Audit ``names`` (every registered exercise by default), printing each line as it is known."""
     names = names or sorted(EXERCISES)
     verdicts = []
-    with shared_server(names) as server:
+    with shared_servers(names) as servers:
         for name in names:
             ex = get(name)
-            verdict = audit_one(name, server if ex.models else None)
+            verdict = audit_one(name, servers.get(ex.traced) if ex.models else None)
             emit(verdict.line())
             for problem in verdict.problems:
                 emit(f"  {problem}")

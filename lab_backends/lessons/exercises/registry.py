@@ -27,11 +27,13 @@ every exercise.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.paths import PROJECT_ROOT
@@ -49,6 +51,8 @@ class Exercise:
     task: str
     models: tuple[str, ...]
     checker: Callable[..., str]
+    #: The checker reads the server's trace file: a server started for it must write one.
+    traced: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,17 +71,18 @@ class Result:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(name: str, notebook: str, task: str, models: tuple[str, ...]) -> Callable:
+def exercise(name: str, notebook: str, task: str, models: tuple[str, ...], traced: bool = False) -> Callable:
     """Register ``checker(answer, server, **inputs) -> success message`` as exercise ``name``.
 
-    ``models`` are what :func:`check` loads when it has to start a server itself; with none, the
-    checker gets ``server=None`` when the learner passes none (it may start its own).
+    ``models`` are what :func:`check` loads when it has to start a server itself (with a trace
+    file when ``traced``); with none, the checker gets ``server=None`` when the learner passes none
+    (it may start its own).
     """
 
     def register(checker: Callable[..., str]) -> Callable[..., str]:
         if name in EXERCISES:
             raise LabBackendsError(f"exercise {name!r} is registered twice")
-        EXERCISES[name] = Exercise(name, notebook, task, tuple(models), checker)
+        EXERCISES[name] = Exercise(name, notebook, task, tuple(models), checker, traced)
         return checker
 
     return register
@@ -107,9 +112,7 @@ def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bo
     if traceback is None:
         traceback = os.environ.get("LAB_TRACEBACK", "0") == "1"
     if server is None and ex.models:
-        from lab_backends.server.triton_server import TritonServer
-
-        with TritonServer(models=list(ex.models)) as own:
+        with started_for(ex) as own:
             return check(name, answer, own, quiet, traceback, **inputs)
     try:
         message = ex.checker(answer, server, **inputs)
@@ -125,6 +128,20 @@ def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bo
     if not quiet:
         print(result.message)
     return result
+
+
+@contextlib.contextmanager
+def started_for(ex: Exercise) -> Iterator[RunningServer]:
+    """A server of our own with ``ex.models`` (local and traced, one file part per request, if ``ex.traced``)."""
+    from lab_backends.server.triton_server import TritonServer
+
+    with contextlib.ExitStack() as stack:
+        traced: dict[str, Any] = {}
+        if ex.traced:  # a trace file is ours to read only on a local server
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"exercise-{ex.name}-")))
+            traced = {"trace_file": folder / "trace.json", "trace_level": ("TIMESTAMPS",), "trace_rate": 1,
+                      "trace_log_frequency": 1, "target": "local"}
+        yield stack.enter_context(TritonServer(models=list(ex.models), **traced))
 
 
 def solution_path(name: str) -> Path:

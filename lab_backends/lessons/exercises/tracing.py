@@ -21,7 +21,8 @@ from lab_backends.server.running import RunningServer
         "sends a burst of requests to cost_model on a traced server and compares your answer with "
         "the trace's QUEUE_START/COMPUTE_START stamps."
     ),
-    models=(),
+    models=("cost_model",),
+    traced=True,
 )
 def _check_longest_queue(answer: Callable[[Any], str], server: RunningServer | None) -> str:
     import contextlib
