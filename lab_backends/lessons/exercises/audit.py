@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError
-from lab_backends.lessons.exercises.registry import EXERCISES, Exercise, check, get, load_solution
+from lab_backends.lessons.exercises.registry import EXERCISES, Exercise, check, get, load_solution, started_for
 from lab_backends.paths import PROJECT_ROOT
 
 CASES_DIR = PROJECT_ROOT / "tests" / "exercise_cases"
@@ -234,8 +234,6 @@ def shared_servers(names: list[str]) -> Iterator[dict[bool, Any]]:
 
     Checkers that need more (their own repository, a C backend) start their own, as for a learner.
     """
-    from lab_backends.lessons.exercises.registry import Exercise, started_for
-
     with contextlib.ExitStack() as stack:
         servers: dict[bool, Any] = {}
         for traced in (False, True):
