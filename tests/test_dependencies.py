@@ -10,6 +10,7 @@ extra that ``make test`` installs. A module that comes along only as someone els
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import json
 import re
@@ -117,10 +118,15 @@ def third_party_imports() -> dict[str, set[str]]:
     return found
 
 
+@functools.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
 def distribution_of(key: str) -> str | None:
     """The installed distribution that provides the module ``key`` (None when nothing installed does)."""
     top = key.split(".")[0]
-    candidates = sorted(set(importlib.metadata.packages_distributions().get(top, [])))
+    candidates = sorted(set(_packages_distributions().get(top, [])))
     if len(candidates) == 1:
         return _canonical(candidates[0])
     prefix = key.replace(".", "/")
