@@ -2,6 +2,7 @@
 
 Sub-commands:
   serve         run a real Triton in the foreground until Ctrl-C / SIGTERM
+  with-key      ``with-key [--key-file F] -- COMMAND...``: a tritonclient script whose calls carry the admin key
   setup         everything ``make`` does after ``pip install``: backend dir, models, C backends
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   build-models  train/export the digits models into the model folders (``--force`` retrains)
@@ -56,31 +57,52 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"  gRPC      : {server.grpc_url}", flush=True)
         print(f"  metrics   : {server.metrics_url}", flush=True)
         print(f"  log       : {server.log_path}", flush=True)
+        loaded = ", ".join(args.model) if args.model else "every model of the repository"
+        print(f"  models    : {loaded} (explicit model control; `lab-backends serve --help` says how to load others)",
+              flush=True)
         if args.open_admin_apis:
             print(admin.OPEN_WARNING, file=sys.stderr, flush=True)
         elif args.admin_key_file:
             admin.write_key_file(args.admin_key_file, server.admin_key)
-            print(f"  admin key : in {args.admin_key_file} (mode 0600); send it as header 'admin-key'", flush=True)
-        else:
-            print("  admin APIs are restricted by a per-server key (not printed; see --admin-key-file)", flush=True)
-        print("  Ctrl-C stops", flush=True)
+        print("\n".join([*admin.banner(args.admin_key_file, args.open_admin_apis), "  Ctrl-C stops"]), flush=True)
+        stop_requested = False
         try:
             if args.restart:
                 from lab_backends.server.crash import supervise
 
                 if supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True)):
-                    return 1
-            while server.is_running():
-                time.sleep(0.5)
+                    return 1  # it kept crashing: supervise said so and gave up
+                stop_requested = True  # supervise returns 0 only on Ctrl-C
+            else:
+                while server.is_running():
+                    time.sleep(0.5)
         except (KeyboardInterrupt, _StopRequested):
-            pass
-        if not server.is_running():
-            from lab_backends.server.crash import crash_error
+            stop_requested = True
+        if not stop_requested:
+            from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed
 
-            print(f"{crash_error(server, server.process.poll())}\n(`serve --restart` restarts it)", file=sys.stderr)
+            code = crashed(server)
+            print(crash_error(server, code, advice=SERVE_ADVICE) if code is not None
+                  else f"tritonserver stopped serving (log: {server.log_path})", file=sys.stderr, flush=True)
             return 1
     print("stopped", flush=True)
     return 0
+
+
+def _with_key(args: argparse.Namespace) -> int:
+    """Become COMMAND (its exit code, signals, stdin), its tritonclient calls carrying the admin key."""
+    from lab_backends.client.with_key import command_line, environment
+
+    command = command_line(args.command)
+    env, warning = environment(args.key_file)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"error: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached: exec replaced this process
 
 
 def _setup(args: argparse.Namespace) -> int:
@@ -205,6 +227,8 @@ def _exercises(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     verdicts = audit(args.only or None, emit=lambda line: print(line, flush=True))
+    times = ", ".join(f"{v.name} {v.seconds:.0f} s" for v in sorted(verdicts, key=lambda v: -v.seconds))
+    print(f"audit time: {sum(v.seconds for v in verdicts):.0f} s ({times})", file=sys.stderr)
     short = [v.name for v in verdicts if not v.ok]
     if short:
         print(f"{len(short)} of {len(verdicts)} exercises fall short: {', '.join(short)}", file=sys.stderr)
@@ -223,24 +247,45 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lab_backends.client.with_key import WITH_KEY_DESCRIPTION
+    from lab_backends.server.admin import SERVE_DESCRIPTION
+
     parser = argparse.ArgumentParser(prog="lab-backends", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run a real Triton in the foreground")
-    serve.add_argument("--model-repository", type=Path)
+    serve = sub.add_parser(
+        "serve", help="run a real Triton in the foreground", description=SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--model-repository", type=Path, help="the models' folder (default: model_repository/)")
     serve.add_argument("--http-port", type=_port)
     serve.add_argument("--grpc-port", type=_port)
     serve.add_argument("--metrics-port", type=_port)
-    serve.add_argument("--model", action="append", help="load only this model (repeatable)")
+    serve.add_argument("--model", action="append", metavar="NAME",
+                       help="load only this model at start (repeatable); the others can be loaded later")
     serve.add_argument("--startup-timeout", type=float, default=180.0)
-    serve.add_argument("--restart", action="store_true", help="restart tritonserver when it crashes (bounded)")
+    serve.add_argument("--restart", action="store_true",
+                       help="restart tritonserver after a crash, on the same ports (after 1 s, doubling; "
+                       "gives up after more than 3 crashes within a minute)")
     serve.add_argument(
-        "--admin-key-file", type=Path, help="write the admin key here (mode 0600); TRITON_ADMIN_KEY chooses the key"
+        "--admin-key-file", type=Path, metavar="F",
+        help="write the admin key to F (mode 0600; TRITON_ADMIN_KEY chooses it); see 'admin key' above"
     )
     serve.add_argument(
-        "--open-admin-apis", action="store_true", help="no admin key at all (for upstream examples); prints a warning"
+        "--open-admin-apis", action="store_true",
+        help="no admin key at all: anyone who can reach the ports can load models (runs code); prints a warning"
     )
     serve.set_defaults(func=_serve)
+
+    with_key = sub.add_parser(
+        "with-key", help="run a tritonclient script whose calls carry the admin key",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=WITH_KEY_DESCRIPTION,
+    )
+    with_key.add_argument("--key-file", type=Path, metavar="F",
+                          help="the file `serve --admin-key-file F` wrote (default: the key in TRITON_ADMIN_KEY)")
+    with_key.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    with_key.set_defaults(func=_with_key)
 
     setup = sub.add_parser("setup", help="prepare backends and build models (idempotent)")
     setup.set_defaults(func=_setup)

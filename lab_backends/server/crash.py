@@ -1,12 +1,14 @@
 """Noticing that a running ``tritonserver`` died, saying why, and bringing it back.
 
 Triton 2.51 can be killed by a single malformed request (see docs/reliability.md, "upstream
-defects"): deeply nested JSON overflows its stack (SIGSEGV, nothing logged), a huge JSON shape
-throws ``std::bad_alloc`` (SIGABRT). Without this module a notebook's server simply vanishes and
-the next call fails with "connection refused", which explains nothing. Here the next call raises
-:class:`~lab_backends.errors.ServerCrashed` with the signal and the log's last meaningful lines,
-and ``TritonServer.restart()`` starts the same server again (same models, same ports, so clients and URLs
-that learners copied keep working).
+defects"). Without this module a notebook's server simply vanishes and the next call fails with
+"connection refused", which explains nothing. Here the next call raises
+:class:`~lab_backends.errors.ServerCrashed` with the signal, the log's own words about the cause
+(the C++ exception's ``what():`` line, or Triton's ``Signal (N) received.``) and its last lines;
+``TritonServer.restart()`` starts the same server again (same models, same ports, so clients and
+URLs that learners copied keep working). The cause is quoted, never guessed from the signal: one
+signal has many causes (SIGABRT: ``bad_alloc`` from a huge JSON shape, ``filesystem_error`` from
+a 256-character file name in a load request, ...).
 """
 
 from __future__ import annotations
@@ -21,51 +23,101 @@ from lab_backends.errors import LabBackendsError, ServerCrashed
 #: Lines of a C++ stack dump ("12# 0x00007F... in /lib/...") say nothing to a learner.
 _FRAME = re.compile(r"^\s*\d+# ")
 _NOISE = ("CudaDriverHelper", "NVML", "DCGM", "pinned memory", "unable to create stream")
-_KNOWN = {
-    signal.SIGSEGV: "a segmentation fault; Triton 2.51 dies this way on deeply nested JSON (e.g. "
-    "'{\"inputs\":' followed by many '[') and on shapes whose byte size overflows",
-    signal.SIGABRT: "an abort; Triton 2.51 aborts on a JSON shape far larger than its data "
-    "(std::bad_alloc) and on other uncaught C++ exceptions",
-    signal.SIGKILL: "SIGKILL: someone killed it, or the kernel's out-of-memory killer did (see `dmesg`)",
+#: What a signal means, not which request caused it (the log says that, when it says anything).
+_MEANING = {
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGABRT: "an abort (an uncaught C++ exception or a failed check)",
+    signal.SIGKILL: "someone killed it, or the kernel's out-of-memory killer did (see `dmesg`)",
     signal.SIGTERM: "SIGTERM from outside this process",
 }
+#: libstdc++'s last words on an uncaught exception, and Triton's signal handler (triton_signal.cc).
+_THROWN = re.compile(r"terminate called after throwing an instance of '[^']+'")
+_WHAT = re.compile(r"^\s*what\(\):")
+_SIGNAL_LINE = re.compile(r"^Signal \((\d+)\) received\.")
+#: How far back from the log's end the cause is looked for (meaningful lines: frames are dropped).
+_CAUSE_WINDOW = 60
+
+#: The advice of a crash seen from Python (a notebook, a test).
+API_ADVICE = "call server.restart() to start it again with the same models and ports"
+#: The advice of a crash seen by ``lab-backends serve`` without ``--restart``.
+SERVE_ADVICE = (
+    "not restarted: `lab-backends serve --restart` restarts it after each crash on the same ports with "
+    "the same key, 1 s after the first crash and twice as long after each further one within a minute, "
+    "and stops after more than 3 crashes within a minute"
+)
 
 
 def describe_exit(returncode: int) -> str:
-    """``-11`` -> "killed by signal 11 (SIGSEGV): a segmentation fault; ...", ``1`` -> "exited with code 1"."""
+    """``-11`` -> "killed by signal 11 (SIGSEGV): a segmentation fault", ``1`` -> "exited with code 1"."""
     if returncode >= 0:
         return f"exited with code {returncode}"
     try:
         sig = signal.Signals(-returncode)
     except ValueError:
         return f"killed by signal {-returncode}"
-    why = _KNOWN.get(sig)
-    return f"killed by signal {sig.value} ({sig.name})" + (f": {why}" if why else "")
+    meaning = _MEANING.get(sig)
+    return f"killed by signal {sig.value} ({sig.name})" + (f": {meaning}" if meaning else "")
+
+
+def _meaningful(log: str) -> list[str]:
+    return [
+        ln for ln in log.splitlines()
+        if ln.strip() and not _FRAME.match(ln) and not ln.startswith(("|", "+")) and not any(n in ln for n in _NOISE)
+    ]
+
+
+def _runs(line: str) -> str:
+    """A 256-character file name becomes ``AAA…(256×'A')``: its length is the point, not its letters."""
+    return re.sub(r"(.)\1{19,}", lambda m: f"{m.group(1) * 3}…({len(m.group(0))}×{m.group(1)!r})", line)
 
 
 def last_words(log: str, lines: int = 12) -> str:
     """The log's last meaningful lines: no stack frames, no CPU-only noise, no tables."""
-    kept = [
-        ln for ln in log.splitlines()
-        if ln.strip() and not _FRAME.match(ln) and not ln.startswith(("|", "+")) and not any(n in ln for n in _NOISE)
-    ]
-    return "\n".join(kept[-lines:])
+    return "\n".join(_runs(ln) for ln in _meaningful(log)[-lines:])
+
+
+def _shorten(line: str) -> str:
+    line = _runs(line.strip())
+    return line if len(line) <= 240 else line[:200] + " … " + line[-30:]
+
+
+def log_cause(log: str, returncode: int | None = None) -> str:
+    """The log's own words about the death: the uncaught exception (type and ``what():``), else
+    Triton's ``Signal (N) received.`` line; ``""`` when the log names no cause (a stack overflow
+    dies before the signal handler can write)."""
+    lines = _meaningful(log)[-_CAUSE_WINDOW:]
+    for i in range(len(lines) - 1, -1, -1):
+        if _WHAT.match(lines[i]):
+            thrown = [ln for ln in lines[max(0, i - 2):i] if _THROWN.search(ln)]
+            return " / ".join(_shorten(ln) for ln in [*thrown[-1:], lines[i]])
+    wanted = str(-returncode) if returncode is not None and returncode < 0 else None
+    signals = [ln for ln in lines if (m := _SIGNAL_LINE.match(ln)) and (wanted is None or m.group(1) == wanted)]
+    return _shorten(signals[-1]) if signals else ""
 
 
 def crashed(server: Any) -> int | None:
-    """The exit code of a local server that died while we still owned it, else ``None``."""
-    process = getattr(server, "process", None)
-    if getattr(server, "target", "") != "local" or process is None:
-        return None
-    return process.poll()
+    """The exit code of a server we started that died on its own, else ``None``.
+
+    Asked of the server's target (``exit_code()``): a local process, a docker container; a remote
+    server, which we did not start, never counts as crashed here.
+    """
+    target = getattr(server, "_target", server)
+    exit_code = getattr(target, "exit_code", None)
+    return exit_code() if exit_code is not None else None
 
 
-def crash_error(server: Any, returncode: int) -> ServerCrashed:
-    tail = last_words(server.log_text())
+def crash_error(server: Any, returncode: int, advice: str = API_ADVICE) -> ServerCrashed:
+    """``ServerCrashed`` for a server that exited with ``returncode``; ``advice`` is what to do next
+    (:data:`API_ADVICE` from Python, :data:`SERVE_ADVICE` from ``serve``, ``""`` when the caller says it)."""
+    log = server.log_text()
+    cause = log_cause(log, returncode)
+    said = (f'The log says: "{cause}".' if cause
+            else "The log names no cause (its last lines are below).")
+    who = f"tritonserver (pid {server.pid})" if getattr(server, "pid", None) else "tritonserver"
     return ServerCrashed(
-        f"tritonserver (pid {server.pid}) {describe_exit(returncode)}. It is no longer serving; "
-        f"call server.restart() to start it again with the same models and ports (log: {server.log_path})",
-        tail,
+        f"{who} {describe_exit(returncode)}. {said} It is no longer serving"
+        + (f"; {advice}" if advice else "") + f" (log: {server.log_path})",
+        last_words(log),
         returncode,
     )
 
@@ -88,8 +140,17 @@ def supervise(
 
     Bounded: more than ``max_per_minute`` crashes within 60 s means something keeps killing it
     (an attacker, a broken model), so supervision gives up and returns 1 instead of looping.
-    Returns 0 when ``should_stop()`` says so (or a KeyboardInterrupt arrives).
+    Returns 0 when ``should_stop()`` says so or on Ctrl-C (KeyboardInterrupt), whether it came
+    while watching, waiting or restarting; the caller then stops the server.
     """
+    try:
+        return _supervise(server, max_per_minute, report, should_stop, backoff_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _supervise(server: Any, max_per_minute: int, report: Callable[[str], None], should_stop: Callable[[], bool],
+               backoff_s: float) -> int:
     crashes: list[float] = []
     failed_start: LabBackendsError | None = None
     while not should_stop():
@@ -103,7 +164,7 @@ def supervise(
             if code is None:
                 time.sleep(0.2)
                 continue
-            message = str(crash_error(server, code))
+            message = str(crash_error(server, code, advice=""))
         now = time.monotonic()
         crashes = [t for t in crashes if now - t < 60] + [now]
         report(message)
