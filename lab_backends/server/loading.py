@@ -1,9 +1,10 @@
-"""Model loads that cannot hang: a preflight before, a deadline during, a named cause after.
+"""Model loads that cannot hang or crash the server: a preflight before, a deadline during, a named cause after.
 
 Measured on Triton 2.51: reloading a Python model whose ``model.py`` was deleted never returns
 (the stub exits, the model stays LOADING, and later loads of it hang too even after the file is
 back). The load API then blocks its caller until the HTTP client's own timeout, which says only
-"timed out". Here the files are checked first, as at start-up (:func:`repository.preflight`), and
+"timed out". Here the files are checked first, as at start-up (:func:`repository.preflight`), an
+uploaded file name over 255 bytes is refused (Triton 2.51 aborts on it: :func:`refuse_long_file_names`), and
 the load runs on a client whose network timeout *is* the deadline, so a hang becomes a
 :class:`~lab_backends.errors.ModelLoadError` naming the model, the deadline and the log's words.
 """
@@ -17,6 +18,34 @@ from lab_backends.errors import ModelLoadError
 from lab_backends.server.repository import preflight
 
 LOAD_TIMEOUT_S = 120.0
+#: The longest file name (one path component) Linux allows, in bytes (NAME_MAX).
+NAME_MAX = 255
+#: The longest uploaded path accepted: PATH_MAX (4096) less room for Triton's temporary folder.
+PATH_LIMIT = 4096 - 256
+
+
+def refuse_long_file_names(name: str, files: dict[str, bytes] | None) -> None:
+    """Refuse, before sending, a load whose uploaded ``files`` name a file over NAME_MAX bytes or a path
+    over :data:`PATH_LIMIT` bytes: no file system can hold them, and Triton 2.51 does not answer such a
+    load, it aborts.
+
+    Measured: ``file:`` + 256 letters, or a 4095-byte path, kills the server (SIGABRT, "filesystem
+    error: status: File name too long"): core ``model_repository_manager.cc`` line 118 at r24.10 calls
+    the throwing ``std::filesystem::weakly_canonical`` and nothing catches it (docs/reliability.md).
+    """
+    for key in files or {}:
+        path = key[len("file:"):] if key.startswith("file:") else key
+        too_long = [part for part in path.split("/") if len(part.encode()) > NAME_MAX]
+        if too_long or len(path.encode()) > PATH_LIMIT:
+            what = (f"the file name {_short(too_long[0])!r} is {len(too_long[0].encode())} bytes, over the "
+                    f"{NAME_MAX} a file name may have" if too_long else
+                    f"the path {_short(path)!r} is {len(path.encode())} bytes, over {PATH_LIMIT}")
+            raise ModelLoadError(name, f"refused before sending: in files[{_short(key)!r}] {what}; Triton 2.51 "
+                                 "aborts on such a load (docs/reliability.md): use a shorter name")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:12]}…{text[-12:]}"
 
 
 def preflight_load(server: Any, name: str, files: dict[str, bytes] | None) -> None:
@@ -38,6 +67,7 @@ def load(
     from lab_backends.server.crash import raise_if_crashed
 
     raise_if_crashed(server)
+    refuse_long_file_names(name, files)
     timeout_s = timeout_s or getattr(server, "load_timeout_s", LOAD_TIMEOUT_S)
     preflight_load(server, name, files)
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=timeout_s, connection_timeout=timeout_s)
