@@ -98,11 +98,10 @@ def log_cause(log: str, returncode: int | None = None) -> str:
 def crashed(server: Any) -> int | None:
     """The exit code of a server we started that died on its own, else ``None``.
 
-    Asked of the server's target (``exit_code()``): a local process, a docker container; a remote
-    server, which we did not start, never counts as crashed here.
+    Asked of the server (``exit_code()``, which asks its target: a local process, a docker
+    container); a remote server, which we did not start, never counts as crashed here.
     """
-    target = getattr(server, "_target", server)
-    exit_code = getattr(target, "exit_code", None)
+    exit_code = getattr(server, "exit_code", None)
     return exit_code() if exit_code is not None else None
 
 

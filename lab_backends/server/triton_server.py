@@ -226,6 +226,11 @@ class TritonServer:
     def is_running(self) -> bool:
         return self._target.is_running()
 
+    def exit_code(self) -> int | None:
+        """The exit code of a server this object started, once it has exited; ``None`` while it runs
+        (and always for a remote server, which we did not start)."""
+        return self._target.exit_code()
+
     def is_ready(self) -> bool:
         return probe_ready(self.http_url)
 
