@@ -43,6 +43,8 @@ typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
 typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+/* A custom batching strategy's own read-only data, behind an opaque pointer (batching, below). */
+typedef struct TRITONBACKEND_Batcher TRITONBACKEND_Batcher;
 
 /* ---------------------------------------------------------------- enumerations (values fixed by the ABI) */
 typedef enum {
@@ -86,6 +88,16 @@ typedef enum {
   TRITONSERVER_LOG_ERROR = 2,
   TRITONSERVER_LOG_VERBOSE = 3
 } TRITONSERVER_LogLevel;
+
+/* The type of a request parameter (core include/triton/core/tritonserver.h:182-188 at r24.10). For
+ * STRING the value is a NUL-terminated char array owned by the request. */
+typedef enum {
+  TRITONSERVER_PARAMETER_STRING = 0,
+  TRITONSERVER_PARAMETER_INT = 1,
+  TRITONSERVER_PARAMETER_BOOL = 2,
+  TRITONSERVER_PARAMETER_DOUBLE = 3,
+  TRITONSERVER_PARAMETER_BYTES = 4
+} TRITONSERVER_ParameterType;
 
 /* Flags for TRITONBACKEND_ResponseSend and TRITONBACKEND_RequestRelease. */
 #define TRITONSERVER_RESPONSE_COMPLETE_FINAL 1u
@@ -132,6 +144,15 @@ TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, cons
 TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request, uint32_t* count);
 TRITONSERVER_Error* TRITONBACKEND_RequestInput(
     TRITONBACKEND_Request* request, const char* name, TRITONBACKEND_Input** input);
+/* Inputs (and parameters) by index: the order may differ from one request to the next. */
+TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(
+    TRITONBACKEND_Request* request, uint32_t index, TRITONBACKEND_Input** input);
+/* The request's own parameters (KServe "parameters" of the infer request); key and value live as
+ * long as the request (core include/triton/core/tritonbackend.h:446-474 at r24.10). */
+TRITONSERVER_Error* TRITONBACKEND_RequestParameterCount(TRITONBACKEND_Request* request, uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestParameter(
+    TRITONBACKEND_Request* request, uint32_t index, const char** key, TRITONSERVER_ParameterType* type,
+    const void** vvalue);
 /* shape includes the batch dimension when the model batches; the data may come in several
  * buffers (buffer_count), which must be read one after the other. */
 TRITONSERVER_Error* TRITONBACKEND_InputProperties(
@@ -183,5 +204,26 @@ LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKE
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance);
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t request_count);
+
+/* ---------------------------------------------------------------- a custom batching strategy
+ * Not a backend: a library the dynamic batcher loads beside the model's backend, from the model
+ * config parameter TRITON_BATCH_STRATEGY_PATH (else a batchstrategy.so in the version, model or
+ * backend folder: core src/backend_model.cc:183-221 at r24.10). It must define all five or none
+ * (src/backend_model.cc:898-911). BatcherInitialize runs at load (an error fails the load) and
+ * BatcherFinalize at unload, also after a failed BatcherInitialize (src/backend_model.cc:913-925,
+ * 950-960); BatchInitialize when a batch starts forming, IncludeRequest for each queued request in
+ * turn (false closes the batch), BatchFinalize when the batch is formed
+ * (src/dynamic_batch_scheduler.cc:292-299, 430-436, 564-571, 796-846). Errors from the three batch
+ * functions are only logged. The batch state is reset whenever the batcher resumes a batch it sent
+ * but did not close (501-508): c_backends/batching/byte_budget/byte_budget.c says what that means
+ * for a model's config. c_backends/batching/ holds ours; notebook 09b reads them. */
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherInitialize(
+    TRITONBACKEND_Batcher** batcher, TRITONBACKEND_Model* model);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherFinalize(TRITONBACKEND_Batcher* batcher);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(
+    const TRITONBACKEND_Batcher* batcher, void** userp);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(
+    TRITONBACKEND_Request* request, void* userp, bool* should_include);
+LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp);
 
 #endif /* LAB_TRITON_H */

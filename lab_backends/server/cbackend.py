@@ -33,6 +33,16 @@ C_BACKENDS_DIR = PROJECT_ROOT / "c_backends"
 INCLUDE_DIR = C_BACKENDS_DIR / "include"
 #: The entry point Triton insists on; the others are optional.
 REQUIRED_ENTRY_POINT = "TRITONBACKEND_ModelInstanceExecute"
+#: Custom batching strategies: ``c_backends/batching/<name>/<name>.c``, built beside the backend
+#: directory, to ``build/batching/lib<name>.so``.
+STRATEGIES_DIR = C_BACKENDS_DIR / "batching"
+STRATEGY_DIR = BACKEND_DIR.parent / "batching"
+#: A strategy defines all five or none (core src/backend_model.cc:898-911 at r24.10).
+STRATEGY_ENTRY_POINTS = (
+    "TRITONBACKEND_ModelBatcherInitialize", "TRITONBACKEND_ModelBatcherFinalize",
+    "TRITONBACKEND_ModelBatchInitialize", "TRITONBACKEND_ModelBatchIncludeRequest",
+    "TRITONBACKEND_ModelBatchFinalize",
+)
 CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden")
 
 
@@ -74,13 +84,16 @@ def exported_symbols(library: str | Path) -> list[str]:
     return sorted(line.split()[-1] for line in result.stdout.splitlines() if line.split()[1:2] == ["T"])
 
 
-def _check_exports(library: Path, name: str) -> None:
-    """Fail the build if Triton would not find the required entry point (e.g. left hidden)."""
+def _check_exports(library: Path, name: str, required: tuple[str, ...] = (REQUIRED_ENTRY_POINT,)) -> None:
+    """Fail the build if Triton would not find the required entry points (e.g. left hidden)."""
     if shutil.which("nm") is None:  # without nm we only lose this extra check
         return
-    if REQUIRED_ENTRY_POINT not in exported_symbols(library):
+    exported = exported_symbols(library)
+    missing = [entry for entry in required if entry not in exported]
+    if missing:
+        what = "backend" if required == (REQUIRED_ENTRY_POINT,) else "batching strategy"
         raise BackendBuildError(
-            f"backend '{name}' built, but {library.name} does not export {REQUIRED_ENTRY_POINT}, so "
+            f"{what} '{name}' built, but {library.name} does not export {', '.join(missing)}, so "
             "Triton could not load it. Define that function (spelled exactly so) in the source and "
             "keep it visible: declare it through lab_triton.h, which marks it LAB_EXPORT"
         )
@@ -94,12 +107,15 @@ def build(
     compiler: str | None = None,
     include_dirs: Iterable[str | Path] = (INCLUDE_DIR,),
     extra_flags: Iterable[str] = (),
+    target: Path | None = None,
+    required: tuple[str, ...] = (REQUIRED_ENTRY_POINT,),
 ) -> Path:
     """Compile ``source`` into Triton backend ``name`` and return the library's path.
 
     Raises :class:`BackendBuildError` quoting the compiler when gcc is missing, the source does not
     compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``). ``extra_flags``
-    go to gcc after ours (the exercise checker adds ``-Werror``).
+    go to gcc after ours (the exercise checker adds ``-Werror``). ``target`` and ``required`` serve
+    :func:`build_strategy`: another file name, other entry points that must be exported.
     """
     source = Path(source)
     if not source.is_file():
@@ -111,7 +127,7 @@ def build(
         )
     cc = _compiler(compiler)
     server_lib = _server_library()
-    target = library_path(name, Path(backend_dir))
+    target = target if target is not None else library_path(name, Path(backend_dir))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".libtriton_{name}.", suffix=".so", dir=target.parent)
     os.close(fd)
@@ -134,11 +150,12 @@ def build(
                     "\n  how to fix: an undefined reference names a function that libtritonserver "
                     "does not export - check its spelling against c_backends/include/lab_triton.h"
                 )
+            what = "backend" if required == (REQUIRED_ENTRY_POINT,) else "batching strategy"
             raise BackendBuildError(
-                f"building backend '{name}' from {source} failed (exit {result.returncode}):\n"
+                f"building {what} '{name}' from {source} failed (exit {result.returncode}):\n"
                 f"{message}{hint}\n  command: {' '.join(command)}"
             )
-        _check_exports(tmp, name)
+        _check_exports(tmp, name, required)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     finally:
@@ -166,9 +183,11 @@ def is_stale(name: str, source: Path, backend_dir: Path = BACKEND_DIR) -> bool:
 
 
 def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dict[str, Path]:
-    """Build every C backend whose library is missing or stale (idempotent, used by ``setup``).
+    """Build every C backend whose library is missing or stale (idempotent, used by ``setup``), then
+    every batching strategy, beside ``backend_dir`` (``<its parent>/batching/``).
 
-    Returns name -> library path for all of them, built now or already up to date.
+    Returns name -> library path for all of them, built now or already up to date; strategies are
+    named ``batching/<name>``.
     """
     backend_dir = Path(backend_dir)
     built: dict[str, Path] = {}
@@ -177,4 +196,42 @@ def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dic
             built[name] = build(source, name, backend_dir)
         else:
             built[name] = library_path(name, backend_dir)
+    for name, path in build_all_strategies(backend_dir.parent / "batching", force).items():
+        built[f"batching/{name}"] = path
+    return built
+
+
+def strategy_path(name: str, strategy_dir: Path = STRATEGY_DIR) -> Path:
+    """Where batching strategy ``name`` is built: ``<strategy_dir>/lib<name>.so`` (the absolute path a
+    model config names in ``TRITON_BATCH_STRATEGY_PATH``)."""
+    return Path(strategy_dir) / f"lib{name}.so"
+
+
+def build_strategy(source: str | Path, name: str, strategy_dir: str | Path = STRATEGY_DIR, *,
+                   extra_flags: Iterable[str] = ()) -> Path:
+    """Compile a custom batching strategy (same flags and link check as a backend); its path.
+
+    The library must export all five ``TRITONBACKEND_ModelBatch*`` functions, else the build fails
+    (Triton would refuse the load: core src/backend_model.cc:898-911 at r24.10).
+    """
+    return build(source, name, extra_flags=extra_flags, target=strategy_path(name, Path(strategy_dir)),
+                 required=STRATEGY_ENTRY_POINTS)
+
+
+def strategy_sources() -> dict[str, Path]:
+    """Strategy name -> C source for every ``c_backends/batching/<name>/<name>.c``."""
+    if not STRATEGIES_DIR.is_dir():
+        return {}
+    return {d.name: d / f"{d.name}.c" for d in sorted(STRATEGIES_DIR.iterdir()) if (d / f"{d.name}.c").is_file()}
+
+
+def build_all_strategies(strategy_dir: str | Path = STRATEGY_DIR, force: bool = False) -> dict[str, Path]:
+    """Build every batching strategy whose library is missing or stale (set-up does, after the backends)."""
+    built: dict[str, Path] = {}
+    for name, source in strategy_sources().items():
+        target = strategy_path(name, Path(strategy_dir))
+        inputs = [source, *INCLUDE_DIR.glob("*.h"), _server_library()]
+        if force or not target.exists() or any(p.stat().st_mtime > target.stat().st_mtime for p in inputs):
+            build_strategy(source, name, strategy_dir)
+        built[name] = target
     return built
