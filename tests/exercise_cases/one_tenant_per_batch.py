@@ -1,0 +1,94 @@
+"""Audit cases of ``one_tenant_per_batch`` (notebook 09b): the learner's batching strategy in C.
+
+Each wrong answer is the reference with one fault put in (written to a scratch folder that lives as
+long as the process); the checks that catch them read the source, build it, or serve it.
+"""
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+from lab_backends.lessons.exercises import batch_strategy
+from lab_backends.lessons.exercises.audit import Wrong
+from lab_backends.lessons.exercises.registry import load_solution
+
+REFERENCE = load_solution("one_tenant_per_batch").read_text()
+_SCRATCH = Path(tempfile.mkdtemp(prefix="audit-tenant-"))
+atexit.register(shutil.rmtree, _SCRATCH, True)
+
+
+def _file(name: str, text: str) -> Path:
+    path = _SCRATCH / f"{name}.c"
+    path.write_text(text)
+    return path
+
+
+def _variant(name: str, *swaps: tuple[str, str]) -> Path:
+    text = REFERENCE
+    for old, new in swaps:
+        assert old in text, old
+        text = text.replace(old, new)
+    return _file(name, text)
+
+
+FREE_BOTH = "    free(batch->tenant);\n    free(batch);\n"
+COMPARE = "*should_include = batch->tenant != NULL && strcmp(batch->tenant, tenant) == 0;"
+
+WRONG = [
+    Wrong("ModelBatchFinalize frees the batch but not its copy of the tenant",
+          _variant("leaks_tenant", (FREE_BOTH, "    free(batch);\n")),
+          r"allocates ->tenant, which TRITONBACKEND_ModelBatchFinalize never frees"),
+    Wrong("ModelBatchFinalize frees nothing",
+          _variant("leaks_batch", (FREE_BOTH, "    (void)batch;\n")),
+          r"ModelBatchFinalize frees nothing.*every batch leaks it"),
+    Wrong("ignores the tenant: every request joins (the plain batcher)",
+          _variant("ignores_tenant", (COMPARE, "*should_include = true;")),
+          r"mixed tenants"),
+    Wrong("compares only as many characters as the batch's tenant has ('red' takes 'redwood')",
+          _variant("prefix", (COMPARE, "*should_include = batch->tenant != NULL && "
+                                       "strncmp(batch->tenant, tenant, strlen(batch->tenant)) == 0;")),
+          r"mixed tenants .*'red'.*'redwood'|mixed tenants .*'redwood'.*'red'"),
+    Wrong("compares the pointers, not the text: every batch holds one request",
+          _variant("pointers", (COMPARE, "*should_include = batch->tenant == tenant;")),
+          r"every batch held one request.*strcmp"),
+    Wrong("refuses a request without a tenant, even as the first of a batch: the batcher spins",
+          _variant("refuses_untagged",
+                   ("  LAB_RETURN_IF_ERROR(request_tenant(request, &tenant));\n",
+                    "  LAB_RETURN_IF_ERROR(request_tenant(request, &tenant));\n"
+                    "  if (tenant[0] == '\\0') {\n    *should_include = false;\n    return NULL;\n  }\n")),
+          r"never answered .*Always include a batch's first request"),
+    Wrong("a request without a tenant gives NULL, and strdup(NULL) kills the server",
+          _variant("null_tenant", ('  *tenant = "";\n  uint32_t count', "  *tenant = NULL;\n  uint32_t count")),
+          r"tritonserver died while your strategy formed batches"),
+    Wrong("an unused variable (a warning, so -Werror fails the build)",
+          _variant("warning", ("  Batch* batch = userp;\n  if (batch != NULL) {",
+                               "  Batch* batch = userp;\n  int unused = 0;\n  if (batch != NULL) {")),
+          r"does not build.*unused variable"),
+]
+
+_HEADER = batch_strategy.SKELETON.read_text().split("*/", 1)[0] + "*/\n"
+
+ALTERNATIVES = [
+    # The skeleton's header comment, TODO(exercise) marks and all, kept above a finished file.
+    _file("with_header", _HEADER + REFERENCE),
+    # The tenant kept in a fixed buffer inside the batch (no second allocation), freed with the batch
+    # by a helper; an over-long tenant is compared by its first 127 characters and a flag.
+    _variant(
+        "fixed_buffer",
+        ("  char* tenant;      /* a copy of the first request's tenant (ours: freed in ModelBatchFinalize) */",
+         "  char tenant[128];  /* the first request's tenant, cut at 127 characters */\n  bool long_tenant;"),
+        ("    batch->tenant = strdup(tenant);\n    batch->requests = 1;\n"
+         "    if (batch->tenant == NULL) {\n"
+         '      return lab_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory for a tenant", STRATEGY);\n'
+         "    }\n    return NULL;",
+         "    snprintf(batch->tenant, sizeof batch->tenant, \"%s\", tenant);\n"
+         "    batch->long_tenant = strlen(tenant) >= sizeof batch->tenant;\n"
+         "    batch->requests = 1;\n    return NULL;"),
+        (COMPARE, "*should_include = !batch->long_tenant && strcmp(batch->tenant, tenant) == 0;"),
+        ("TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp) {\n  Batch* batch = userp;\n"
+         "  if (batch != NULL) {\n" + FREE_BOTH + "  }\n",
+         "static void drop_batch(Batch* batch) { free(batch); }\n\n"
+         "TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp) {\n  drop_batch(userp);\n"),
+    ),
+]
