@@ -151,6 +151,18 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "the server C API the backend API builds on (errors, tensors, messages)"),
         ("Backend examples", f"{BACKEND}/examples/README.md", "the minimal and recommended example backends"),
     ],
+    "09b": [
+        ("Custom batching", f"{SERVER}/docs/user_guide/model_configuration.md#custom-batching",
+         "the five functions, TRITON_BATCH_STRATEGY_PATH and where Triton looks for batchstrategy.so"),
+        ("tritonbackend.h: batching", f"{CORE}/include/triton/core/tritonbackend.h#L1710-L1767",
+         "the declarations of the batching API, with what each pointer holds"),
+        ("dynamic_batch_scheduler.cc", f"{CORE}/src/dynamic_batch_scheduler.cc",
+         "GetDynamicBatch: where IncludeRequest is asked, and what a refusal does to the pending batch"),
+        ("backend_model.cc", f"{CORE}/src/backend_model.cc",
+         "how a model finds, loads, checks and initializes its strategy (SetBatchingStrategy)"),
+        ("volume_batching example", f"{BACKEND}/examples/batching_strategies/volume_batching/src/volume_batching.cc",
+         "upstream's byte budget in C++ (it refuses a request heavier than the budget: see section 1)"),
+    ],
     "10": [
         ("Metrics", f"{SERVER}/docs/user_guide/metrics.md",
          "every nv_inference_* family, summaries and --metrics-config"),
