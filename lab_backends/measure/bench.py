@@ -4,7 +4,7 @@ Writes four files (default folder ``bench/``):
 
 * ``batching.csv``: ``model,protocol,batching,concurrency,requests,throughput_rps,p50_ms,p90_ms,p99_ms,avg_batch``
   for ``cost_model`` (and ``digits_torch`` once built) without and with dynamic batching, at
-  concurrency 1, 4 and 16 over gRPC;
+  concurrency 1, 4 and 16 over gRPC; ``cost_model`` also with the ``byte_budget`` batching strategy;
 * ``loadgen.csv``: ``tool,model,concurrency,throughput_rps``: our HTTP load generator next to
   ``wrk`` (Debian package) on the same model, config and concurrency, in interleaved rounds, plus
   our gRPC generator and the stock ``tritonclient.grpc.aio`` client for comparison; once on the bench's
@@ -47,6 +47,22 @@ DYNAMIC: dict[str, dict[str, Any]] = {
     "digits_torch": {"dynamic_batching": {}},
 }
 DEFAULT_DYNAMIC: dict[str, Any] = {"dynamic_batching": {}}
+#: cost_model's third config: the dynamic batcher plus the byte_budget batching strategy in C
+#: (``c_backends/batching/byte_budget``) at 256 bytes of input per batch, i.e. 4 rows of 16 FP32, with
+#: every size preferred so that each batch is closed when sent (notebook 09b, section 4).
+STRATEGY_BUDGET = 256
+
+
+def strategy_configs(max_batch_size: int = 64) -> dict[str, dict[str, Any]]:
+    """``{"byte_budget 256": override}`` for cost_model; builds the strategy if it is missing."""
+    from lab_backends.server import cbackend
+
+    library = cbackend.build_all_strategies()["byte_budget"]
+    return {f"byte_budget {STRATEGY_BUDGET}": {
+        "parameters": {"TRITON_BATCH_STRATEGY_PATH": {"string_value": str(library)},
+                       "MAX_BATCH_BYTES": {"string_value": str(STRATEGY_BUDGET)}},
+        "dynamic_batching": {"preferred_batch_size": list(range(1, max_batch_size + 1))},
+    }}
 
 
 def available_models(log: Callable[[str], None] = print) -> list[str]:
@@ -102,7 +118,10 @@ def batching_bench(
             log(f"{name} skipped: it failed to load: {reason}")
         served = [m for m in models if m not in server.broken_models]
         for model in served:
-            configs = {"none": NO_BATCHING, "dynamic": DYNAMIC.get(model, DEFAULT_DYNAMIC)}
+            # The strategy (cost_model only) before "dynamic": the load generators below derive their
+            # config from the live one, which must not keep TRITON_BATCH_STRATEGY_PATH.
+            strategy = strategy_configs(server.model_config(model).max_batch_size) if model == "cost_model" else {}
+            configs = {"none": NO_BATCHING, **strategy, "dynamic": DYNAMIC.get(model, DEFAULT_DYNAMIC)}
             frame = sweep(server, model, CONCURRENCY, configs, protocol="grpc", requests=requests,
                           duration_s=duration, progress=progress, restore=False)
             frame["model"] = model
