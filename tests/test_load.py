@@ -229,7 +229,7 @@ def test_panel_runs_headlessly_and_reports_bad_settings(fresh):
 
 
 def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
-    from lab_backends.measure.bench import BATCHING_COLUMNS, LOADGEN_COLUMNS, batching_bench
+    from lab_backends.measure.bench import BATCHING_COLUMNS, LOADGEN_COLUMNS, STRATEGY_BUDGET, batching_bench
     from lab_backends.measure.reference_tools import CYCLE_COLUMNS
 
     out = batching_bench(tmp_path, models=[MODEL], progress=False, log=lambda m: None,
@@ -238,7 +238,7 @@ def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == BATCHING_COLUMNS
     assert {(r["batching"], r["concurrency"]) for r in rows} == {
-        (b, c) for b in ("none", "dynamic") for c in ("1", "4", "16")
+        (b, c) for b in ("none", f"byte_budget {STRATEGY_BUDGET}", "dynamic") for c in ("1", "4", "16")
     }
     with open(out["paths"]["loadgen"]) as f:
         tools = {r["tool"]: r for r in csv.DictReader(f)}
