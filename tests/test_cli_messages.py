@@ -35,11 +35,14 @@ class _FakeTarget(Target):
 
 
 class _FakeServer:
-    """What crash.py asks of a server: its target, pid, log."""
+    """What crash.py asks of a server: its exit code (from its target), pid, log."""
 
     def __init__(self, code: int | None, log: str = "") -> None:
-        self._target = _FakeTarget(code)
+        self.target = _FakeTarget(code)
         self.pid, self.log_path, self._log = 4242, Path("/tmp/run/tritonserver.log"), log
+
+    def exit_code(self) -> int | None:
+        return self.target.exit_code()
 
     def log_text(self) -> str:
         return self._log
