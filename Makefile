@@ -53,7 +53,7 @@ browser-deps:
 test: setup browser-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests
-	$(VENV)/bin/lab-backends exercises audit
+	$(VENV)/bin/lab-backends exercises audit --jobs 2
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=60 notebooks
 	$(PY) -m lab_backends.book render
 	$(PY) -m pytest tests/check_book.py

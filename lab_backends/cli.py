@@ -226,7 +226,7 @@ def _exercises(args: argparse.Namespace) -> int:
         print(f"error: no exercise named {', '.join(unknown)}; known: {', '.join(sorted(EXERCISES))}",
               file=sys.stderr)
         return 2
-    verdicts = audit(args.only or None, emit=lambda line: print(line, flush=True))
+    verdicts = audit(args.only or None, emit=lambda line: print(line, flush=True), jobs=args.jobs)
     times = ", ".join(f"{v.name} {v.seconds:.0f} s" for v in sorted(verdicts, key=lambda v: -v.seconds))
     print(f"audit time: {sum(v.seconds for v in verdicts):.0f} s ({times})", file=sys.stderr)
     short = [v.name for v in verdicts if not v.ok]
@@ -325,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         "action", choices=["audit"], help="audit: skeleton, reference, wrong and alternative answers"
     )
     exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
+    exercises.add_argument("--jobs", type=int, default=1, help="worker processes (make test uses 2)")
     exercises.set_defaults(func=_exercises)
     return parser
 
