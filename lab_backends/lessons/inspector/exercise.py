@@ -100,6 +100,7 @@ def check_batch_of_eight(answer: Any, server: Any = None, drawing: Any = None) -
     from lab_backends.paths import MODEL_REPOSITORY
     from lab_backends.server.repository import read_config
     from lab_backends.server.triton_server import TritonServer
+    from lab_backends.server.warmup import with_warmup
 
     from .core import inspect
 
@@ -119,10 +120,9 @@ def check_batch_of_eight(answer: Any, server: Any = None, drawing: Any = None) -
         ) as own:
             tuned = _checked_config(own.model_config(MODEL), answer)
             try:
-                own.load_model(MODEL, config=tuned)
+                own.load_model(MODEL, config=with_warmup(tuned))  # Triton warms it up before READY
             except LabBackendsError as exc:
                 raise ExerciseError(f"Triton refused your config: {str(exc)[:400]}") from exc
-            inspect(own, MODEL, image, "gRPC", request_id="exercise-warmup")
             result = inspect(own, MODEL, image, "gRPC", burst=BURST)
     if result.batch_size < TARGET:
         raise ExerciseError(
