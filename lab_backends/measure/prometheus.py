@@ -2,10 +2,11 @@
 
 The metrics endpoint is the server's other window on itself (beside the statistics API of
 :mod:`lab_backends.measure.stats`): counters any monitoring system scrapes, and, with
-``--metrics-config summary_latencies=true``, quantiles the server computes itself (or, with
-``histogram_latencies=true``, histogram buckets). The page is read with ``prometheus_client``'s
-parser, every family kept: counters, gauges, summaries and histograms. Pure functions on the page's
-text, unit-tested on pages recorded from a real server and on pages written by ``prometheus_client``.
+``--metrics-config summary_latencies=true``, quantiles the server computes itself. A model may add
+families of its own (``pb_utils.MetricFamily``: counters, gauges and histograms). The page is read
+with ``prometheus_client``'s parser, every family kept: counters, gauges, summaries and histograms.
+Pure functions on the page's text, unit-tested on pages recorded from a real server and on pages
+written by ``prometheus_client``.
 """
 
 from __future__ import annotations
