@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import pytest
 
 from lab_backends.client.with_key import BOOT_DIR
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX
+from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,12 +255,7 @@ def served(tmp_path_factory):
         yield Served(re.search(r"HTTP/REST : http://(\S+)", text).group(1), re.search(r"gRPC +: (\S+)", text).group(1),
                      key_file, text + err.read_text(), tmp)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def _run(served: Served, name: str, wrapped: bool) -> subprocess.CompletedProcess:

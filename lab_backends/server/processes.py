@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -128,3 +129,18 @@ def stop_group(pid: int, grace_s: float, reap=None) -> set[str]:
     kill_group(pid, signal.SIGKILL)
     poll(gone, bool, 5.0)
     return set(remove_shm(shm))
+
+
+def terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
+    """Stop a child we started as a process manager would: SIGTERM, then SIGKILL after ``grace_s``.
+
+    For one process we hold a ``Popen`` of (``lab-backends serve`` in a test, say); returns its
+    exit code. Its own children are its business (``serve`` stops its server on SIGTERM).
+    """
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

@@ -4,33 +4,13 @@ Each wrong answer is the reference with one fault put in (written to a scratch f
 long as the process); the checks that catch them read the source, build it, or serve it.
 """
 
-import atexit
-import shutil
-import tempfile
-from pathlib import Path
-
 from lab_backends.lessons.exercises import batch_strategy
-from lab_backends.lessons.exercises.audit import Wrong
+from lab_backends.lessons.exercises.audit import SourceVariants, Wrong
 from lab_backends.lessons.exercises.registry import load_solution
 
 REFERENCE = load_solution("one_tenant_per_batch").read_text()
-_SCRATCH = Path(tempfile.mkdtemp(prefix="audit-tenant-"))
-atexit.register(shutil.rmtree, _SCRATCH, True)
-
-
-def _file(name: str, text: str) -> Path:
-    path = _SCRATCH / f"{name}.c"
-    path.write_text(text)
-    return path
-
-
-def _variant(name: str, *swaps: tuple[str, str]) -> Path:
-    text = REFERENCE
-    for old, new in swaps:
-        assert old in text, old
-        text = text.replace(old, new)
-    return _file(name, text)
-
+_SOURCES = SourceVariants(REFERENCE, "tenant")
+_file, _variant = _SOURCES.file, _SOURCES.variant
 
 FREE_BOTH = "    free(batch->tenant);\n    free(batch);\n"
 COMPARE = "*should_include = batch->tenant != NULL && strcmp(batch->tenant, tenant) == 0;"

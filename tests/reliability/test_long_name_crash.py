@@ -28,6 +28,7 @@ import tritonclient.http as httpclient
 from lab_backends.errors import ModelLoadError, ServerCrashed
 from lab_backends.server.crash import crashed
 from lab_backends.server.loading import refuse_long_file_names
+from lab_backends.server.processes import terminate
 from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
@@ -104,10 +105,4 @@ def test_serve_reports_the_abort_in_the_logs_words(tmp_path):
         assert "restart()" not in said and "lab-backends serve --restart" in said, report
         assert "more than 3 crashes within a minute" in said, report
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from lab_backends import rest
+from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
 
@@ -47,13 +47,7 @@ class Serve:
         self.pid = int(re.search(r"ready \(pid (\d+)\)", text).group(1))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def _unregister(client, name: str, headers: dict[str, str]) -> None:

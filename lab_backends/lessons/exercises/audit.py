@@ -23,6 +23,7 @@ for one exercise with ``--only``) and CI, and the line is the evidence a closing
 from __future__ import annotations
 
 import ast
+import atexit
 import concurrent.futures
 import contextlib
 import importlib.util
@@ -30,6 +31,8 @@ import io
 import json
 import multiprocessing
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,33 @@ class Wrong:
     fault: str
     answer: Any
     says: str
+
+
+class SourceVariants:
+    """Files of wrong or alternative answers made from a reference source, one fault (or change) each.
+
+    Written to a scratch folder removed when the process exits: the audit passes checkers a path,
+    as a learner does. ``variant(name, (old, new), ...)`` fails loudly when ``old`` is no longer in
+    the reference, so a case cannot silently turn into the reference itself.
+    """
+
+    def __init__(self, reference: str, prefix: str, suffix: str = ".c") -> None:
+        self.reference, self.suffix = reference, suffix
+        self.folder = Path(tempfile.mkdtemp(prefix=f"audit-{prefix}-"))
+        atexit.register(shutil.rmtree, self.folder, True)
+
+    def file(self, name: str, text: str) -> Path:
+        path = self.folder / f"{name}{self.suffix}"
+        path.write_text(text)
+        return path
+
+    def variant(self, name: str, *swaps: tuple[str, str]) -> Path:
+        text = self.reference
+        for old, new in swaps:
+            if old not in text:
+                raise ExerciseError(f"audit case {name!r}: {old!r} is not in the reference any more")
+            text = text.replace(old, new)
+        return self.file(name, text)
 
 
 @dataclass(frozen=True)
