@@ -226,7 +226,7 @@ def test_cli_serve_prints_no_key(tmp_path):
             if not line:
                 break
             lines.append(line)
-            if "admin APIs are restricted" in line:
+            if "Ctrl-C stops" in line:  # the banner's last line, whatever the lines above it say
                 break
         banner = "".join(lines)
         pid = int(re.search(r"pid (\d+)", banner).group(1))
