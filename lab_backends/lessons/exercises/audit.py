@@ -26,7 +26,6 @@ import ast
 import atexit
 import concurrent.futures
 import contextlib
-import importlib.util
 import io
 import json
 import multiprocessing
@@ -36,11 +35,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError
-from lab_backends.lessons.exercises.registry import EXERCISES, Exercise, check, get, load_solution, started_for
+from lab_backends.lessons.exercises.registry import (
+    EXERCISES,
+    Exercise,
+    check,
+    get,
+    load_module,
+    load_solution,
+    started_for,
+)
 from lab_backends.paths import PROJECT_ROOT
 
 CASES_DIR = PROJECT_ROOT / "tests" / "exercise_cases"
@@ -125,16 +131,8 @@ def load_cases(name: str, cases_dir: Path = CASES_DIR) -> Cases:
     if not path.exists():
         raise ExerciseError(f"no audit cases for {name!r}: write {path} with WRONG (>= {MIN_WRONG}) and "
                             f"ALTERNATIVES (>= {MIN_ALTERNATIVES})")
-    module = _load_module(path, f"exercise_cases_{name}")
+    module = load_module(path, f"exercise_cases_{name}")
     return Cases(name, tuple(getattr(module, "WRONG", ())), tuple(getattr(module, "ALTERNATIVES", ())))
-
-
-def _load_module(path: Path, module_name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def notebook_skeleton(ex: Exercise, notebooks_dir: Path = NOTEBOOKS_DIR) -> Any:
@@ -206,7 +204,7 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
     verdict = Verdict(name)
     started = time.monotonic()
 
-    def run(label: str, answer: Any) -> tuple[str, str]:
+    def run(answer: Any) -> tuple[str, str]:
         """('not-attempted' | 'pass' | 'refused' | 'error', message)."""
         try:
             result = check(name, answer, server, quiet=True)
@@ -219,13 +217,13 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the cells print the task: not the audit's business
             skeleton = notebook_skeleton(ex, notebooks_dir)
-        verdict.skeleton, message = run("skeleton", skeleton)
+        verdict.skeleton, message = run(skeleton)
     except ExerciseError as exc:
         verdict.skeleton, message = "missing", str(exc)
     if verdict.skeleton != "not-attempted":
         verdict.problems.append(f"skeleton: {verdict.skeleton}: {_first(message)}")
     try:
-        verdict.reference, message = run("reference", load_solution(name))
+        verdict.reference, message = run(load_solution(name))
     except ExerciseError as exc:
         verdict.reference, message = "missing", str(exc)
     if verdict.reference != "pass":
@@ -237,14 +235,14 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
         return verdict
     verdict.wrong, verdict.alternatives = len(cases.wrong), len(cases.alternatives)
     for case in cases.wrong:
-        outcome, message = run("wrong", case.answer)
+        outcome, message = run(case.answer)
         if outcome == "refused" and re.search(case.says, message, re.S):
             verdict.rejected += 1
         else:
             verdict.problems.append(f"wrong ({case.fault}): {outcome}, expected a refusal matching "
                                     f"/{case.says}/: {_first(message)}")
     for i, answer in enumerate(cases.alternatives, 1):
-        outcome, message = run("alternative", answer)
+        outcome, message = run(answer)
         if outcome == "pass":
             verdict.accepted += 1
         else:
@@ -276,13 +274,15 @@ def shared_servers(names: list[str]) -> Iterator[dict[bool, Any]]:
         yield servers
 
 
-def _audit_group(names: list[str]) -> list[Verdict]:
-    """One worker's share: its exercises in order, on its own shared servers."""
+def _audit_group(names: list[str], done: Callable[[Verdict], None] | None = None) -> list[Verdict]:
+    """``names`` in order on shared servers of their own; ``done`` hears each verdict as it is known."""
     verdicts = []
     with shared_servers(names) as servers:
         for name in names:
             ex = get(name)
             verdicts.append(audit_one(name, servers.get(ex.traced) if ex.models else None))
+            if done is not None:
+                done(verdicts[-1])
     return verdicts
 
 
@@ -302,14 +302,7 @@ def audit(names: list[str] | None = None, emit: Callable[[str], None] = print, j
     """
     names = names or sorted(EXERCISES)
     if jobs <= 1 or len(names) <= 1:
-        verdicts = []
-        with shared_servers(names) as servers:
-            for name in names:
-                ex = get(name)
-                verdict = audit_one(name, servers.get(ex.traced) if ex.models else None)
-                _emit(verdict, emit)
-                verdicts.append(verdict)
-        return verdicts
+        return _audit_group(names, lambda verdict: _emit(verdict, emit))
     groups = [names[i::jobs] for i in range(jobs)]
     with concurrent.futures.ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn")) as pool:
         done = [v for part in pool.map(_audit_group, groups) for v in part]

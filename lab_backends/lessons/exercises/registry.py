@@ -33,6 +33,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError, LabBackendsError
@@ -148,15 +149,21 @@ def solution_path(name: str) -> Path:
     return SOLUTIONS_DIR / f"{name}.py"
 
 
+def load_module(path: Path, module_name: str) -> ModuleType:
+    """Run the Python file ``path`` as module ``module_name`` (a solution, an audit case file)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_solution(name: str) -> Any:
     """The ``answer`` defined by ``notebooks/solutions/<name>.py``."""
     path = solution_path(name)
     if not path.exists():
         raise ExerciseError(f"no solution file {path}; every exercise needs one (tests run it)")
-    spec = importlib.util.spec_from_file_location(f"solution_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
+    module = load_module(path, f"solution_{name}")
     if not hasattr(module, "answer"):
         raise ExerciseError(f"{path} must define `answer` (the function or value the checker takes)")
     return module.answer
