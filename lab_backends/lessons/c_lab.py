@@ -256,10 +256,13 @@ def _check_burst_reply(i: int, reply: Any, row: np.ndarray, bad: set[int], lo: f
     return True
 
 
-def _batch_totals(own: Any) -> tuple[int, int]:
-    """(executions, rows) from clip_main's batch statistics: what the backend reported."""
-    executions = _batch_executions(own.statistics("clip_main")["model_stats"][0])
-    return sum(executions.values()), sum(size * n for size, n in executions.items())
+def _batch_counts(own: Any) -> dict[int, int]:
+    """clip_main's executions per batch size: what the backend reported."""
+    return _batch_executions(own.statistics("clip_main")["model_stats"][0])
+
+
+def _rows(counts: dict[int, int]) -> int:
+    return sum(size * n for size, n in counts.items())
 
 
 def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> tuple[int, int, list[int]]:
@@ -275,8 +278,7 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> t
     answered = failed = 0
     sizes_seen: set[int] = set()
     for _ in range(BURST_TRIES):
-        before = _batch_executions(own.statistics("clip_main")["model_stats"][0])
-        executions0, rows0 = _batch_totals(own)
+        before = _batch_counts(own)
         rows = [(rng.standard_normal((1 + i % 3, 9)) * 3).astype(np.float32) for i in range(BURST_SIZE)]
         for i in bad:
             rows[i][-1, 4] = np.nan
@@ -288,8 +290,9 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> t
                 good_rows += len(rows[i])
             else:
                 failed += 1
-        executions, reported = poll(lambda: _batch_totals(own), lambda t: t[1] - rows0 >= good_rows, STATS_WAIT_S)
-        executions, reported = executions - executions0, reported - rows0
+        after = poll(lambda: _batch_counts(own), lambda c: _rows(c) - _rows(before) >= good_rows, STATS_WAIT_S)
+        executions = sum(after.values()) - sum(before.values())
+        reported = _rows(after) - _rows(before)
         if executions == 0:
             raise ExerciseError(
                 f"a burst of {BURST_SIZE} requests left no batch statistics: report each batch with "
@@ -301,7 +304,6 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> t
                 f"rows ({good_requests} requests of 1 to 3 rows): set *items to the request's first dimension "
                 "(input.shape[0]), not 1"
             )
-        after = _batch_executions(own.statistics("clip_main")["model_stats"][0])
         sizes_seen |= {size for size, n in after.items() if n > before.get(size, 0)}
         if executions < good_requests:  # some execution served several requests
             return answered, failed, sorted(sizes_seen)
