@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,18 +89,21 @@ def _api(url: str, token: str, method: str = "GET") -> Any:
 
 
 def _descendants(pid: int) -> list[int]:
-    import psutil
-
     try:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
 
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
+
+
 def _stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
     """SIGTERM these PIDs (ours), wait, then SIGKILL what is left."""
-    import psutil
-
     procs = []
     for pid in pids:
         try:
@@ -161,6 +165,9 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
         except (urllib.error.URLError, OSError):
             pass
         seen.update(_descendants(proc.pid))
+        # tritonserver first, while its stubs live: a server stopped together with its stubs cannot
+        # unlink the Python backend's /dev/shm regions (a failed run of this test once left two behind).
+        _stop_pids(sorted(pid for pid in seen if _name(pid) == "tritonserver"))
         _stop_pids([proc.pid, *sorted(seen)])
         proc.wait(timeout=10)
         log.close()
