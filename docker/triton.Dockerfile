@@ -6,7 +6,8 @@ ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITON_IMAGE}
 ARG TRITON_IMAGE
 
-# Model code runs in the image's system Python: give it numpy<2, torch, onnxruntime-gpu, scikit-learn.
+# Model code runs in the image's system Python: give it numpy<2, torch, onnxruntime-gpu, tensorflow-cpu,
+# scikit-learn.
 COPY docker/triton-requirements.txt /tmp/triton-requirements.txt
 RUN python3 -m pip install --no-cache-dir -r /tmp/triton-requirements.txt \
  && python3 -c "import numpy; assert int(numpy.__version__.split('.')[0]) < 2, numpy.__version__"

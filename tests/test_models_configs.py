@@ -29,6 +29,7 @@ INTERFACE = {
     "digits_preprocess": ({"IMAGE": (T.TYPE_UINT8, [8, 8])}, {"PIXELS": (T.TYPE_FP32, [64])}),
     "digits_torch": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
     "digits_onnx": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
+    "digits_tf": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
     "digits_postprocess": (
         {"LOGITS": (T.TYPE_FP32, [10])}, {"LABELS": (T.TYPE_STRING, [3]), "PROBS": (T.TYPE_FP32, [3])}),
     "digits_ensemble": (
@@ -50,7 +51,7 @@ def built():
 def test_there_are_configs():
     names = {p.parent.name for p in CONFIGS}
     assert set(INTERFACE) | {"stream_topk", "running_mean", "digits_logreg", "digits_forest"} <= names
-    assert {"digits_onnx_gpu", "digits_torch_gpu"} <= names
+    assert {"digits_onnx_gpu", "digits_torch_gpu", "digits_tf_gpu"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
@@ -69,8 +70,12 @@ def test_interface_names_types_and_dims(name):
     assert _tensors(config.input) == inputs
     assert _tensors(config.output) == outputs
     assert config.max_batch_size > 0
-    if name in ("digits_torch", "digits_onnx"):
+    if name in ("digits_torch", "digits_onnx", "digits_tf"):
         assert config.max_batch_size == 64 and config.HasField("dynamic_batching")
+        # The same batcher setting and one instance: the frameworks are compared on equal terms (notebook 05).
+        reference = read_config(MODEL_REPOSITORY / "digits_torch")
+        assert config.dynamic_batching == reference.dynamic_batching
+        assert list(config.instance_group) == list(reference.instance_group)
 
 
 def test_ensemble_wiring_is_complete():
@@ -113,11 +118,13 @@ def _gpu(name: str) -> tuple[mc.ModelConfig, Path]:
     return config, GPU_REPOSITORY / name / "1" / config.default_model_filename
 
 
-@pytest.mark.parametrize("name", ["digits_onnx_gpu", "digits_torch_gpu"])
+@pytest.mark.parametrize("name", ["digits_onnx_gpu", "digits_torch_gpu", "digits_tf_gpu"])
 def test_gpu_variant_asks_for_a_gpu_and_has_its_artifact(built, name):
     config, artifact = _gpu(name)
-    assert config.platform in ("onnxruntime_onnx", "pytorch_libtorch")
+    assert config.platform in ("onnxruntime_onnx", "pytorch_libtorch", "tensorflow_savedmodel")
     assert config.instance_group and all(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)
+    if config.platform == "tensorflow_savedmodel":  # a directory (its signature: tests/test_digits_tf.py)
+        artifact = artifact / "saved_model.pb"
     assert artifact.is_file() and artifact.stat().st_size > 0, f"{artifact} missing: run lab-backends build-models"
 
 

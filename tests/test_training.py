@@ -1,4 +1,5 @@
-"""The digits classifier: trained here, deterministic, accurate, exported twice consistently.
+"""The digits classifier: trained here, deterministic, accurate, exported consistently (the
+TensorFlow export is checked in tests/test_digits_tf.py).
 
 No server here: these tests check the artifacts that every ``digits_*`` model serves.
 """
@@ -86,9 +87,15 @@ def test_classic_models_are_accurate(built):
 
 def test_build_is_idempotent_and_places_artifacts(built):
     for name, destinations in build.PLACEMENTS.items():
+        src = build.ARTIFACT_DIR / name
         for dst in destinations:
+            if src.is_dir():  # the SavedModel: a directory, copied whole
+                files = sorted(p.relative_to(src) for p in src.rglob("*") if p.is_file())
+                assert files and files == sorted(p.relative_to(dst) for p in dst.rglob("*") if p.is_file()), dst
+                assert all((dst / f).read_bytes() == (src / f).read_bytes() for f in files), dst
+                continue
             assert dst.is_file(), f"{dst} missing after build_models()"
-            assert dst.read_bytes() == (build.ARTIFACT_DIR / name).read_bytes()
+            assert dst.read_bytes() == src.read_bytes()
     before = {p: p.stat().st_mtime_ns for p in build.built_files()}
     again = build.build_models()
     assert not again.trained and again.copied == [] and again.backends == []
@@ -104,6 +111,11 @@ def test_stale_or_missing_artifacts_are_detected(built, tmp_path):
     assert build.place_artifacts(placements=placements) == []  # present and current: skipped
     served.unlink()
     assert build.place_artifacts(placements=placements) == [served]  # missing: placed again
+    saved = tmp_path / "repo" / "digits_tf" / "1" / "model.savedmodel"  # a directory artifact
+    assert build.place_artifacts(placements={"model.savedmodel": (saved,)}) == [saved]
+    assert build.place_artifacts(placements={"model.savedmodel": (saved,)}) == []
+    next(p for p in saved.rglob("*") if p.is_file()).unlink()
+    assert build.place_artifacts(placements={"model.savedmodel": (saved,)}) == [saved]  # incomplete: replaced
     scratch = tmp_path / "artifacts"
     scratch.mkdir()
     for name in build.PLACEMENTS:

@@ -28,7 +28,7 @@ GPU_REPOSITORY = PROJECT_ROOT / "model_repository_gpu"
 BACKENDS_SOURCE = PROJECT_ROOT / "backends"
 METRICS_FILE = "metrics.json"
 #: The modules whose code decides the artifacts: newer code means stale artifacts.
-_CODE = ("data.py", "net.py", "train.py", "export.py", "classic.py", "build.py")
+_CODE = ("data.py", "net.py", "train.py", "export.py", "export_tf.py", "classic.py", "build.py")
 
 #: Built file (in ARTIFACT_DIR) -> the version folders that serve it.
 PLACEMENTS: dict[str, tuple[Path, ...]] = {
@@ -39,6 +39,11 @@ PLACEMENTS: dict[str, tuple[Path, ...]] = {
     "model.onnx": (
         MODEL_REPOSITORY / "digits_onnx" / "1" / "model.onnx",
         GPU_REPOSITORY / "digits_onnx_gpu" / "1" / "model.onnx",
+    ),
+    # A directory (TensorFlow's SavedModel format), copied as a whole.
+    "model.savedmodel": (
+        MODEL_REPOSITORY / "digits_tf" / "1" / "model.savedmodel",
+        GPU_REPOSITORY / "digits_tf_gpu" / "1" / "model.savedmodel",
     ),
     "digits_logreg.pkl": (MODEL_REPOSITORY / "digits_logreg" / "1" / "model.pkl",),
     "digits_forest.pkl": (MODEL_REPOSITORY / "digits_forest" / "1" / "model.pkl",),
@@ -99,6 +104,7 @@ def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
     from .classic import CLASSIC_MODELS, save_pickle, train_classic
     from .data import SEED, load_split
     from .export import ONNX_OPSET, export_onnx, export_torchscript
+    from .export_tf import export_savedmodel
     from .train import train
 
     split = load_split()
@@ -107,6 +113,9 @@ def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
     log(f"  held-out accuracy {result.test_accuracy:.4f} after {result.epochs} epochs in {result.seconds:.1f} s")
     export_torchscript(result.model, artifact_dir / "model.pt")
     export_onnx(result.model, artifact_dir / "model.onnx")
+    started = time.perf_counter()
+    export_savedmodel(result.model, artifact_dir / "model.savedmodel")  # imports TensorFlow: seconds
+    log(f"  TensorFlow SavedModel exported from the same weights in {time.perf_counter() - started:.1f} s")
     accuracies = {"digits_mlp": result.test_accuracy}
     for name in CLASSIC_MODELS:
         estimator, score = train_classic(name, split)
@@ -128,12 +137,36 @@ def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
 
 
 def _copy_if_stale(src: Path, dst: Path) -> bool:
+    if src.is_dir():
+        return _copy_tree_if_stale(src, dst)
     if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
         return False
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.copy2(src, tmp)
     os.replace(tmp, dst)  # atomic: a server loading the model never reads half a file
+    return True
+
+
+def _tree_stamp(root: Path) -> dict[str, tuple[int, float]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime) for p in root.rglob("*") if p.is_file()}
+
+
+def _copy_tree_if_stale(src: Path, dst: Path) -> bool:
+    """A directory artifact (a SavedModel): copied whole, then renamed into place, when any file differs."""
+    if dst.is_dir():
+        want, have = _tree_stamp(src), _tree_stamp(dst)
+        if want.keys() == have.keys() and all(have[k][0] == want[k][0] and have[k][1] >= want[k][1] for k in want):
+            return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    old = dst.with_name(f".{dst.name}.old{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        os.replace(dst, old)  # a non-empty directory cannot be renamed over: move it aside first
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)
     return True
 
 

@@ -55,3 +55,13 @@ def top_k(logits: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     labels = np.vectorize(lambda d: str(d).encode())(order).astype(object)
     return labels, np.take_along_axis(probs, order, axis=1).astype(np.float32)
+
+
+def tf_logits(pixels: np.ndarray, path: Path = ARTIFACT_DIR / "model.savedmodel") -> np.ndarray:
+    """LOGITS from the SavedModel directory, computed with TensorFlow in this process (one thread).
+
+    Imports TensorFlow (seconds, ~700 MB): for tests and offline checks, not for a notebook's kernel.
+    """
+    from .export_tf import savedmodel_logits
+
+    return savedmodel_logits(pixels, path)

@@ -1,16 +1,19 @@
-"""Notebook 05's toolkit: the same digits MLP served by two frameworks, compared fairly.
+"""Notebook 05's toolkit: the same digits MLP served by three frameworks, compared fairly.
 
-``digits_torch`` (TorchScript in PyTorch) and ``digits_onnx`` (ONNX in ONNX Runtime) are the same
-trained weights exported twice, each wrapped by a Python-backend ``model.py``. Comparing them asks
-three questions, one function each:
+``digits_torch`` (TorchScript in PyTorch), ``digits_onnx`` (ONNX in ONNX Runtime) and ``digits_tf``
+(a SavedModel in TensorFlow) are the same trained weights exported three times, each wrapped by a
+Python-backend ``model.py``. Comparing them asks three questions, one function each (what each
+framework costs the server to start and to keep, per stub process, is in :mod:`.framework_costs`):
 
 * *do they answer the same?* :func:`served_logits` + :func:`agreement` on the held-out images;
 * *how fast, under the same load?* :func:`side_by_side` (short, bounded closed-loop windows);
 * *what do framework threads do?* :func:`thread_timings` times the very files the server loads,
-  in this process, with 1 and with more intra-op threads.
+  in this process, with 1 and with more intra-op threads (PyTorch and ONNX Runtime: importing
+  TensorFlow here would add ~700 MB to the notebook's kernel, so TensorFlow's threads are read
+  from its stub process instead).
 
 On a GPU server (the NGC image from docker-compose, which also serves ``model_repository_gpu``)
-:func:`gpu_status` finds the native ``onnxruntime``/``libtorch`` models on ``KIND_GPU`` instances,
+:func:`gpu_status` finds the native ``onnxruntime``/``libtorch``/``tensorflow`` models on ``KIND_GPU`` instances,
 and :data:`NATIVE` says which tensor names they use (libtorch: ``PIXELS__0`` by the
 ``<name>__<index>`` convention; forward()'s argument name ``pixels`` would do for the input too).
 """
@@ -29,7 +32,7 @@ from lab_backends.errors import LabBackendsError, RemoteServerError
 from lab_backends.server.running import RunningServer
 
 #: The Python-wrapped models, by framework.
-WRAPPED = {"torch": "digits_torch", "onnx": "digits_onnx"}
+WRAPPED = {"torch": "digits_torch", "onnx": "digits_onnx", "tf": "digits_tf"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class ServedModel:
 NATIVE = {
     "digits_onnx_gpu": ServedModel("digits_onnx_gpu", "onnx", "onnxruntime", "PIXELS", "LOGITS"),
     "digits_torch_gpu": ServedModel("digits_torch_gpu", "torch", "pytorch (libtorch)", "PIXELS__0", "LOGITS__0"),
+    # The SavedModel's serving signature keys are the interface names (lab_backends/digits/export_tf.py).
+    "digits_tf_gpu": ServedModel("digits_tf_gpu", "tf", "tensorflow", "PIXELS", "LOGITS"),
 }
 PYTHON_WRAPPED = {name: ServedModel(name, fw, "python") for fw, name in WRAPPED.items()}
 #: Every digits framework model, wrapped and native.
@@ -236,7 +241,7 @@ class GpuStatus:
             return (f"the server has a GPU ({'; '.join(self.evidence)}) but no native GPU model is ready ({why}). "
                     "SKIPPING the native-backend comparison: serve model_repository_gpu (docker compose up).")
         return ("NO GPU on this server (no nv_gpu_* metrics, no *_gpu model ready): SKIPPING the KIND_GPU / "
-                "native onnxruntime and libtorch comparison. Point TRITON_URL at the GPU stack "
+                "native onnxruntime, libtorch and tensorflow comparison. Point TRITON_URL at the GPU stack "
                 "(docs/gpu.md, `docker compose up`) to run it.")
 
 
@@ -293,3 +298,8 @@ def pinning_lines() -> dict[str, list[str]]:
                 if "threads" in ln and not ln.strip().startswith("#")]
         for model in WRAPPED.values()
     }
+
+
+def framework_of(model: str) -> str:
+    """``torch``, ``onnx`` or ``tf`` for a digits framework model."""
+    return served(model).framework

@@ -26,6 +26,7 @@ PYTHON_BACKEND = f"https://github.com/triton-inference-server/python_backend/blo
 COMMON = f"https://github.com/triton-inference-server/common/blob/{RELEASE}"
 PYTORCH_BACKEND = f"https://github.com/triton-inference-server/pytorch_backend/blob/{RELEASE}"
 ONNX_BACKEND = f"https://github.com/triton-inference-server/onnxruntime_backend/blob/{RELEASE}"
+TF_BACKEND = f"https://github.com/triton-inference-server/tensorflow_backend/blob/{RELEASE}"
 
 #: Hosts a further-reading link may point at: Triton's own repositories and documentation.
 UPSTREAM_PREFIXES = (
@@ -110,6 +111,10 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "forward() argument names and the <name>__<index> convention"),
         ("ONNX Runtime backend", f"{ONNX_BACKEND}/README.md",
          "execution providers, thread options and session settings"),
+        ("TensorFlow backend", f"{TF_BACKEND}/README.md#parameters",
+         "tensorflow_savedmodel, TF_NUM_INTRA_THREADS / TF_NUM_INTER_THREADS, TF_SIGNATURE_DEF"),
+        ("Model repository: TensorFlow models", f"{SERVER}/docs/user_guide/model_repository.md#tensorflow-models",
+         "model.savedmodel: a directory, not a file"),
         ("Python backend: frameworks inside model.py", f"{PYTHON_BACKEND}/README.md",
          "EXECUTION_ENV_PATH and wrapping any framework"),
     ],

@@ -1,4 +1,4 @@
-"""Audit cases of ``framework_agreement`` (notebook 05): LOGITS of both served frameworks, in chunks."""
+"""Audit cases of ``framework_agreement`` (notebook 05): LOGITS of all three served frameworks, in chunks."""
 
 import numpy as np
 
@@ -17,7 +17,7 @@ def _unchunked(server, model, images):
 
 def _local(server, model, images):
     pixels = _pixels(images)
-    return reference.torch_logits(pixels) if model == "digits_torch" else reference.onnx_logits(pixels)
+    return reference.onnx_logits(pixels) if model == "digits_onnx" else reference.torch_logits(pixels)
 
 
 def _chunks(server, model, pixels, size):
@@ -32,6 +32,10 @@ def _reversed_chunks(server, model, images):
     return np.concatenate(_chunks(server, model, _pixels(images), 64)[::-1])
 
 
+def _always_torch(server, model, images):
+    return np.concatenate(_chunks(server, "digits_torch", _pixels(images), 64))  # ignores `model`
+
+
 def _three_even_chunks(server, model, images):
     parts = np.array_split(_pixels(images), 3)  # 50 rows each, under max_batch_size
     return np.vstack([infer(server, model, {"PIXELS": p})["LOGITS"] for p in parts])
@@ -42,6 +46,7 @@ WRONG = [
     Wrong("computes locally instead of on the server", _local, r"server computed 0 rows"),
     Wrong("forgets to normalize", _unnormalized, r"differs from the model's answer"),
     Wrong("stitches the chunks back in the wrong order", _reversed_chunks, r"differs from the model's answer"),
+    Wrong("asks digits_torch whatever the model", _always_torch, r"server computed 0 rows for digits_onnx"),
 ]
 
 ALTERNATIVES = [_three_even_chunks]
