@@ -1,34 +1,38 @@
-"""What a ``tritonserver`` child gets before it execs: more file descriptors, and death with its parent.
+"""What a ``tritonserver`` child gets: more file descriptors, death with its parent, and no Python before exec.
 
 * **Open files**: every connection costs the server a descriptor, and sockets of clients that gave
   up linger in CLOSE-WAIT (Triton 2.51 never closes them). At a soft limit of 1,024 (a common
   desktop default) it then refuses all traffic, spins at 100 % CPU and floods its log. The hard
-  limit is usually far higher and raising the soft one up to it needs no privilege.
+  limit is usually far higher and raising the soft one up to it needs no privilege. It is raised
+  with ``prlimit(2)`` on the child right after the spawn, long before it accepts its first
+  connection (it answers nothing until it is ready, and readiness is polled afterwards).
 * **Parent death**: the watchdog stops the server when its owner dies, but if both are killed at
   once (``kill -9`` of the CLI and its watchdog) nothing would. ``PR_SET_PDEATHSIG`` makes the
   kernel send SIGTERM to the server when the thread that started it dies. Because it is the
   *thread*, not the process, it is only set when the server is started from the main thread: a
-  server started from a worker thread must not die when that thread ends.
+  server started from a worker thread must not die when that thread ends. util-linux's
+  ``setpriv --pdeathsig SIGTERM`` sets it and execs the server (the setting survives ``execve``);
+  without ``setpriv`` the watchdog alone covers the owner's death.
+* **Why no ``preexec_fn``**: a ``preexec_fn`` makes ``subprocess`` fork (instead of vfork) and run
+  Python's at-fork handlers in the child. In a process that has used gRPC (a notebook kernel with
+  ``tritonclient.grpc``), grpcio's fork support then restarts its event-engine poller in the child,
+  ``close_fds`` closes the poller's epoll descriptor, and the child aborts before ``exec``:
+  ``Epoll1Poller ... epoll_wait error: Bad file descriptor``, exit -6 (grpc/grpc issue 43055; grpcio
+  1.85.3 here). Measured on this machine: 41 of 3,000 spawns of ``/bin/true`` aborted with a no-op
+  ``preexec_fn`` after one gRPC call, 0 of 3,000 without (a ``make flake`` round lost a notebook's
+  server start to it). :func:`spawn` therefore runs nothing in the child.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import resource
-import signal
+import shutil
+import subprocess
 import threading
-from typing import Callable
+from typing import Any
 
-PR_SET_PDEATHSIG = 1
 #: The kernel's ceiling for RLIMIT_NOFILE when the hard limit is "unlimited".
 _NR_OPEN = "/proc/sys/fs/nr_open"
-
-try:  # resolved in the parent: the child, between fork and exec, should only call it
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-
 
 def nofile_target() -> int:
     """The soft RLIMIT_NOFILE a server should get: its hard limit (bounded by the kernel's nr_open)."""
@@ -41,29 +45,37 @@ def nofile_target() -> int:
     return hard
 
 
-def child_setup(die_with_parent: bool | None = None) -> Callable[[], None]:
-    """A ``preexec_fn`` for ``subprocess.Popen``: raise the soft fd limit; die with the parent thread.
+def launch_prefix(die_with_parent: bool | None = None) -> list[str]:
+    """The exec wrapper that sets ``PR_SET_PDEATHSIG`` for the server: ``setpriv --pdeathsig SIGTERM --``.
 
     ``die_with_parent=None`` means: only when called from the main thread (see the module docstring).
+    Empty when not wanted, or when util-linux's ``setpriv`` is missing (the watchdog still covers).
     """
     if die_with_parent is None:
         die_with_parent = threading.current_thread() is threading.main_thread()
-    target = nofile_target()
-    parent = os.getpid()
+    setpriv = shutil.which("setpriv") if die_with_parent else None
+    return [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
 
-    def _in_child() -> None:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < target:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            except (ValueError, OSError):
-                pass  # keep the old limit rather than fail the start
-        if die_with_parent and _prctl is not None:
-            _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGTERM)
 
-    return _in_child
+def raise_open_files(pid: int) -> None:
+    """Raise the soft RLIMIT_NOFILE of process ``pid`` (ours) to :func:`nofile_target`; keep it if refused."""
+    try:
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        target = nofile_target()
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (min(target, hard) if hard != resource.RLIM_INFINITY
+                                                           else target, hard))
+    except (ValueError, OSError):
+        pass  # a process that already exited, or a limit we may not set: keep the old one rather than fail
+
+
+def spawn(command: list[str], **popen: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` for a server: dies with this thread, fd limit raised, nothing run in the child."""
+    if "preexec_fn" in popen:
+        raise TypeError("spawn() runs nothing between fork and exec (see the module docstring): no preexec_fn")
+    process = subprocess.Popen([*launch_prefix(), *command], **popen)
+    raise_open_files(process.pid)
+    return process
 
 
 def open_files_limit(pid: int) -> tuple[int, int]:

@@ -104,11 +104,11 @@ class LocalTarget(Target):
         """Start the server in its own process group, and the watchdog that stops it if we die."""
         assert self.log_path is not None
         with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
+            # soft fd limit = hard, dies with us (PR_SET_PDEATHSIG), and no preexec_fn: see server/limits.py
+            self._process = _limits.spawn(
                 [str(bundle.binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=_bundle.server_environment(bundle), cwd=self.run_dir,
                 start_new_session=True,  # its own process group: server + stubs stop together
-                preexec_fn=_limits.child_setup(),  # soft fd limit = hard; dies with us (PR_SET_PDEATHSIG)
             )
         grace_s = self.options.exit_timeout_s + 5
         self._watchdog = subprocess.Popen(
