@@ -9,11 +9,13 @@ and returns what it saw as pandas frames, so the notebook only shows and checks.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+from google.protobuf import json_format
 
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
@@ -126,8 +128,6 @@ def ragged_burst(server: Any, base: Any, ragged: bool, burst: int = 24, lengths:
 
 
 def _config_inputs(config: Any) -> list[dict]:
-    from google.protobuf import json_format
-
     return json_format.MessageToDict(config)["input"]
 
 
@@ -196,8 +196,6 @@ def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model
     ``throughput_rps`` is what the learner sees, and it needs a free core to show the second
     process: on a machine whose other core is busy it does not rise.
     """
-    import time
-
     rows = []
     for name, override in GIL_CONFIGS.items():
         one = {"INPUT0": np.ones((1, 1), np.float32)}
