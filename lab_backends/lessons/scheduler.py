@@ -145,17 +145,16 @@ def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
     name on its command line (python_backend ``src/stub_launcher.cc`` 333-338 and 378-382 at r24.10:
     the name is ``argv[8]``), and ``scheduler_probe`` returns its own instance name and PID
     with every answer (from :func:`probe_load`): the two views can be checked against each other.
-    Read from ``/proc``: a local server only.
+    Read with psutil (:mod:`lab_backends.server.processes`): a local server only.
     """
     reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
 
     def read() -> list[dict]:
         rows = []
         for pid in sorted(processes.children(server.pid)):
-            try:
-                argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-            except OSError:
-                continue  # exited since it was listed
+            argv = processes.command_line(pid)
+            if not argv:
+                continue  # exited (or a zombie) since it was listed
             script = Path(argv[1]) if len(argv) > 1 else Path("")
             rows.append({"pid": pid, "program": Path(argv[0]).name, "model": script.parent.parent.name,
                          "instance (command line)": argv[8] if len(argv) > 8 else None,

@@ -20,8 +20,11 @@ import signal
 import threading
 from typing import Callable
 
+import psutil
+
 PR_SET_PDEATHSIG = 1
-#: The kernel's ceiling for RLIMIT_NOFILE when the hard limit is "unlimited".
+#: The kernel's ceiling for RLIMIT_NOFILE when the hard limit is "unlimited". A kernel setting, not a
+#: process's: psutil has no reader for it, so the sysctl file is read.
 _NR_OPEN = "/proc/sys/fs/nr_open"
 
 try:  # resolved in the parent: the child, between fork and exec, should only call it
@@ -67,9 +70,10 @@ def child_setup(die_with_parent: bool | None = None) -> Callable[[], None]:
 
 
 def open_files_limit(pid: int) -> tuple[int, int]:
-    """(soft, hard) RLIMIT_NOFILE of a running process, read from /proc (for tests and diagnostics)."""
-    for line in open(f"/proc/{pid}/limits"):
-        if line.startswith("Max open files"):
-            soft, hard = line.split()[3:5]
-            return int(soft), int(hard)
-    raise LookupError(f"no 'Max open files' line in /proc/{pid}/limits")
+    """(soft, hard) RLIMIT_NOFILE of a running process of ours (for tests and diagnostics).
+
+    Read with ``prlimit(2)`` through psutil, which needs the process to be ours (our servers are);
+    ``resource.RLIM_INFINITY`` (-1) stands for unlimited.
+    """
+    soft, hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
+    return soft, hard
