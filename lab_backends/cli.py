@@ -11,6 +11,9 @@ Sub-commands:
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
                 wrong and alternative answers (one line per exercise; ``make test`` runs it)
+
+Deferred imports: ``bench`` and ``exercises`` import their modules when they run; those bring pandas,
+matplotlib and every lesson (~0.5 s) that ``--help``, ``serve`` and ``setup`` need not pay.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+from lab_backends import digits
+from lab_backends.client.with_key import WITH_KEY_DESCRIPTION, command_line, environment
+from lab_backends.errors import LabBackendsError
+from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.server import admin, bundle, cbackend, limits
+from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
+from lab_backends.server.ports import free_ports
+from lab_backends.server.triton_server import TritonServer
 
 
 class _StopRequested(Exception):
@@ -36,9 +47,6 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lab_backends.server import admin
-    from lab_backends.server.triton_server import TritonServer
-
     signal.signal(signal.SIGTERM, _raise_stop)
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis)
     server = TritonServer(
@@ -68,8 +76,6 @@ def _serve(args: argparse.Namespace) -> int:
         stop_requested = False
         try:
             if args.restart:
-                from lab_backends.server.crash import supervise
-
                 if supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True)):
                     return 1  # it kept crashing: supervise said so and gave up
                 stop_requested = True  # supervise returns 0 only on Ctrl-C
@@ -79,8 +85,6 @@ def _serve(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, _StopRequested):
             stop_requested = True
         if not stop_requested:
-            from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed
-
             code = crashed(server)
             print(crash_error(server, code, advice=SERVE_ADVICE) if code is not None
                   else f"tritonserver stopped serving (log: {server.log_path})", file=sys.stderr, flush=True)
@@ -91,8 +95,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _with_key(args: argparse.Namespace) -> int:
     """Become COMMAND (its exit code, signals, stdin), its tritonclient calls carrying the admin key."""
-    from lab_backends.client.with_key import command_line, environment
-
     command = command_line(args.command)
     env, warning = environment(args.key_file)
     if warning:
@@ -106,8 +108,6 @@ def _with_key(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from lab_backends.server import bundle
-
     b = bundle.find_bundle()
     bundle.check_model_environment()
     bundle.prepare_backend_dir(b)
@@ -119,8 +119,6 @@ def _setup(args: argparse.Namespace) -> int:
 
 def _build_backends(args: argparse.Namespace) -> int:
     """Compile the C backends in c_backends/ (only stale ones unless --force)."""
-    from lab_backends.server import cbackend
-
     for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
         print(f"C backend {name}: {path}")
     return 0
@@ -128,9 +126,7 @@ def _build_backends(args: argparse.Namespace) -> int:
 
 def _build_models(args: argparse.Namespace) -> int:
     """Train and export the digits models, place them in the model folders, install Python backends."""
-    from lab_backends.digits import build_models
-
-    report = build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
+    report = digits.build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
     print(report.summary())
     return 0
 
@@ -150,14 +146,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the CLI dies, even by SIGKILL (Linux prctl)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _lab(args: argparse.Namespace) -> int:
     """JupyterLab on 127.0.0.1 with a fresh token, printed once so the learner can open it.
 
@@ -165,8 +153,6 @@ def _lab(args: argparse.Namespace) -> int:
     SIGTERM and Ctrl-C stop JupyterLab (which shuts its kernels down; their servers' watchdogs
     then stop the Tritons), and JupyterLab also dies if this process is killed.
     """
-    from lab_backends.server.ports import free_ports
-
     token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
     port = args.port or free_ports(1)[0]
     cmd = [
@@ -182,7 +168,9 @@ def _lab(args: argparse.Namespace) -> int:
         cmd.append("--allow-root")
     env = {**os.environ, "JUPYTER_TOKEN": token}
     print(f"JupyterLab: http://127.0.0.1:{port}/lab?token={token}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT / "notebooks", env=env, preexec_fn=_die_with_parent)
+    # JupyterLab gets SIGTERM if this CLI dies, even by SIGKILL (setpriv --pdeathsig; no preexec_fn: limits.py)
+    proc = subprocess.Popen([*limits.launch_prefix(die_with_parent=True), *cmd], cwd=PROJECT_ROOT / "notebooks",
+                            env=env)
     signal.signal(signal.SIGTERM, _raise_stop)
     try:
         return proc.wait()
@@ -198,11 +186,9 @@ def _lab(args: argparse.Namespace) -> int:
 
 def _plan_class(args: argparse.Namespace) -> int:
     """Simulate a class on the shared Triton from the measured footprint (docs/scale.md)."""
-    from lab_backends.measure.class_plan import plan, report
-
     print(
-        report(
-            plan(
+        class_plan.report(
+            class_plan.plan(
                 args.learners,
                 args.gpu_replicas,
                 p99_bound_ms=args.p99_ms,
@@ -247,14 +233,11 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lab_backends.client.with_key import WITH_KEY_DESCRIPTION
-    from lab_backends.server.admin import SERVE_DESCRIPTION
-
     parser = argparse.ArgumentParser(prog="lab-backends", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(
-        "serve", help="run a real Triton in the foreground", description=SERVE_DESCRIPTION,
+        "serve", help="run a real Triton in the foreground", description=admin.SERVE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--model-repository", type=Path, help="the models' folder (default: model_repository/)")
@@ -332,7 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from lab_backends.errors import LabBackendsError
 
     try:
         return args.func(args)

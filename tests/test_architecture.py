@@ -5,7 +5,9 @@ layers below, never one above. Imports are read with ``ast`` from the source, in
 inside functions and under ``if TYPE_CHECKING``, so a lazy import cannot hide an upward call.
 Also: no module over 350 lines (small modules with one job each), and no import cycle between
 modules: none at module level, and none hidden by an import inside a function either, unless that
-one import is allow-listed in ``CYCLE_ALLOWED`` with its reason.
+one import is allow-listed in ``CYCLE_ALLOWED`` with its reason. Imports go at the top of a module:
+one inside a function is allowed only for a heavy or optional package listed in ``DEFERRABLE`` with
+its reason, or for a module of ours that imports such a package at its top.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ MAX_LINES = 350
 #: Imports allowed to close an import cycle, each with its reason: (importer, imported) -> why. Only a
 #: deferred import (inside a function) may be listed; a cycle at module level is never allowed.
 CYCLE_ALLOWED: dict[tuple[str, str], str] = {}
+#: What a module may import inside a function (deferred), each with why: everything else goes at the top
+#: of the module. A key is a package or a sub-module ("tritonclient.http") and covers what lies below it.
+#: A module of this package may be deferred too, when it imports one of these at its top (found, not listed).
+DEFERRABLE: dict[str, str] = {
+    "torch": "1-6 s to import; only training, export and the in-process reference answers run it",
+    "sklearn": "~3 s to import; only training and loading the digits split need it",
+    "onnxruntime": "~0.1 s and a native runtime; only the in-process reference answers run it",
+    "matplotlib": "~1 s to import; only drawing a figure needs it",
+    "pandas": "~0.4 s to import: `lab-backends --help` (the server layer, the CLI) does without it",
+    "ipywidgets": "~0.3 s; only a widget built in a notebook needs it, the same modules serve headless audits",
+    "ipycanvas": "~0.3 s; only the drawing pad built in a notebook needs it",
+    "docker": "the Docker SDK, for the docker target only; every TritonServer imports server/docker.py",
+    "tritonclient.http": "gevent-based (~0.1 s): `lab-backends --help` imports the server layer and the client package",
+}
 
 
 def _modules() -> list[Path]:
@@ -272,3 +288,130 @@ def test_the_doc_names_every_layer() -> None:
     text = DOC.read_text()
     for layer, parts in LAYERS:
         assert f"## {layer}" in text.lower() or f"**{layer}**" in text.lower(), f"docs/architecture.md lacks {layer}"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's module: ``name`` as imported (``from a.b import c`` gives ``a.b.c``)."""
+
+    path: str
+    line: int
+    name: str
+    when: str
+
+
+def _under(name: str, key: str) -> bool:
+    return name == key or name.startswith(key + ".")
+
+
+def module_imports(root: Path = PROJECT_ROOT) -> dict[str, list[Import]]:
+    """Every import of every ``lab_backends`` module of ``root``, by importer, relative ones made absolute."""
+    paths = {_module_name(p, root): p for p in sorted((root / "lab_backends").rglob("*.py"))}
+    found: dict[str, list[Import]] = {}
+    for importer, path in paths.items():
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        rel = str(path.relative_to(root))
+        rows = found.setdefault(importer, [])
+
+        def visit(node: ast.AST, ancestors: list[ast.AST]) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.Import):
+                    rows.extend(Import(rel, child.lineno, a.name, _when(ancestors)) for a in child.names)
+                elif isinstance(child, ast.ImportFrom):
+                    base = child.module or ""
+                    if child.level:
+                        parts = package.split(".")
+                        base = ".".join(parts[: len(parts) - (child.level - 1)] + ([base] if base else []))
+                    rows.extend(Import(rel, child.lineno, f"{base}.{a.name}", _when(ancestors)) for a in child.names)
+                visit(child, [*ancestors, child])
+
+        visit(ast.parse(path.read_text(), str(path)), [])
+    return found
+
+
+def _our_module(name: str, modules: dict[str, list[Import]]) -> str | None:
+    """The module of ours that ``name`` imports (``lab_backends.x.f`` -> ``lab_backends.x``), else None."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def heavy_chain(module: str, modules: dict[str, list[Import]]) -> list[str] | None:
+    """How importing ``module`` of ours imports a ``DEFERRABLE`` package at once: the chain of modules, or None.
+
+    Importing a module runs its parent packages' ``__init__`` first, and then its own top-level imports.
+    """
+    seen = {module}
+    queue = [[module]]
+    while queue:
+        chain = queue.pop(0)
+        parents = [".".join(chain[-1].split(".")[:k]) for k in range(1, chain[-1].count(".") + 1)]
+        for name in [i.name for i in modules[chain[-1]] if i.when == "module"] + parents:
+            if any(_under(name, key) for key in DEFERRABLE):
+                return [*chain, name]
+            ours = _our_module(name, modules)
+            if ours and ours not in seen:
+                seen.add(ours)
+                queue.append([*chain, ours])
+    return None
+
+
+def deferred_import_findings(root: Path = PROJECT_ROOT) -> tuple[list[str], set[str]]:
+    """(imports inside functions that should be at the top, with file:line and the fix; DEFERRABLE keys used)."""
+    modules = module_imports(root)
+    problems, used = [], set()
+    for imports in modules.values():
+        for imp in (i for i in imports if i.when == "deferred"):
+            keys = [key for key in DEFERRABLE if _under(imp.name, key)]
+            ours = _our_module(imp.name, modules)
+            chain = heavy_chain(ours, modules) if ours and not keys else None
+            if keys or chain:
+                used.update(keys or [k for k in DEFERRABLE if _under(chain[-1], k)])
+                continue
+            what = "a module of this package that imports nothing heavy at its top" if ours else "a light package"
+            problems.append(
+                f"{imp.path}:{imp.line} imports {imp.name} inside a function ({what}): move the import to the top "
+                "of the module. If it hid an import cycle, move the piece both modules need into a module below "
+                "them both (docs/architecture.md); if the package is heavy or optional, add it to DEFERRABLE in "
+                "tests/test_architecture.py with the reason, and say why in the module's docstring.")
+    return problems, used
+
+
+def test_imports_are_at_the_top_unless_heavy() -> None:
+    problems, _ = deferred_import_findings()
+    assert not problems, "imports inside functions:\n" + "\n".join(problems)
+
+
+def test_every_deferrable_package_is_deferred_somewhere() -> None:
+    _, used = deferred_import_findings()
+    assert set(DEFERRABLE) <= used, f"DEFERRABLE lists {sorted(set(DEFERRABLE) - used)}, deferred nowhere: remove it"
+
+
+def test_the_deferred_import_checker(tmp_path: Path) -> None:
+    """The checker itself: light imports in a function fail with file:line; heavy ones, direct or through a
+    module of ours that imports one at its top (or in its package's ``__init__``), pass."""
+    files = {
+        "__init__.py": "",
+        "plots.py": "import matplotlib.pyplot as plt\n",
+        "tables/__init__.py": "import pandas\n",
+        "tables/rows.py": "ROWS = 1\n",
+        "light.py": "import json\n",
+        "user.py": ("def a():\n    import json\n"
+                    "def b():\n    from matplotlib.figure import Figure\n"
+                    "def c():\n    from lab_backends.plots import plt\n"
+                    "def d():\n    from .tables.rows import ROWS\n"
+                    "def e():\n    from lab_backends import light\n"
+                    "def f():\n    from tritonclient import http\n"
+                    "def g():\n    from tritonclient import grpc\n"),
+    }
+    for name, text in files.items():
+        (tmp_path / "lab_backends" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lab_backends" / name).write_text(text)
+    problems, used = deferred_import_findings(tmp_path)
+    assert [p.split(" inside")[0] for p in problems] == [
+        "lab_backends/user.py:2 imports json",
+        "lab_backends/user.py:10 imports lab_backends.light",
+        "lab_backends/user.py:14 imports tritonclient.grpc",
+    ]
+    assert "move the import to the top of the module" in problems[0]
+    assert used == {"matplotlib", "pandas", "tritonclient.http"}

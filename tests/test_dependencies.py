@@ -207,6 +207,21 @@ def test_test_tools_are_an_extra_not_runtime_dependencies() -> None:
     assert not TEST_TOOLS & core, f"test tools among the runtime dependencies: {sorted(TEST_TOOLS & core)}"
 
 
+def test_every_test_tool_is_pinned_and_installed_at_its_pin() -> None:
+    """A new pytest, ruff (new rules) or hypothesis release must not change a run by itself: pin each one (==)."""
+    problems = []
+    for req in TEST_EXTRA:
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+!-]*)", _normalize(req))
+        if not match:
+            problems.append(f"{req!r}: pin it exactly, e.g. {_requirement_name(req)}==X.Y.Z (the version `make test` "
+                            "installed: `.venv/bin/pip show " + _requirement_name(req) + "`)")
+            continue
+        installed = importlib.metadata.version(match.group(1))
+        if installed != match.group(2):
+            problems.append(f"{req}: {installed} is installed; re-run `make setup EXTRAS=test`")
+    assert not problems, "the `test` extra in pyproject.toml:\n" + "\n".join(problems)
+
+
 @pytest.mark.parametrize("env_file", ["environment.yml", "environment-gpu.yml"])
 def test_conda_files_carry_the_same_pins(env_file: str) -> None:
     """The conda environments are the runtime dependencies, pins and all (the GPU file swaps onnxruntime)."""

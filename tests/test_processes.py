@@ -97,6 +97,32 @@ def test_shm_names_come_from_command_lines_and_open_files(shm_dir) -> None:
             p.wait()
 
 
+def test_command_line_and_mapped_files_of_a_live_a_zombie_and_a_vanished_process(tmp_path) -> None:
+    """What health.py and the lessons read of a stub: its arguments and the files it maps (psutil, not /proc)."""
+    mapped = tmp_path / "region"
+    mapped.write_bytes(b"\0" * 4096)
+    code = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); "
+            "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); print('ready', flush=True); time.sleep(60)")
+    live = subprocess.Popen([sys.executable, "-c", code, str(mapped)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline().strip() == "ready"
+        assert processes.command_line(live.pid) == [sys.executable, "-c", code, str(mapped)]
+        assert str(mapped) in processes.mapped_files(live.pid)
+        mapped.unlink()
+        assert str(mapped) in processes.mapped_files(live.pid), "still mapped, under its old path (see the docstring)"
+    finally:
+        live.kill()
+        live.wait()
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        poll(lambda: psutil.Process(exited.pid).status(), lambda s: s == psutil.STATUS_ZOMBIE, 10)
+        assert processes.command_line(exited.pid) == []
+    finally:
+        exited.wait()
+    gone = _gone_pid()
+    assert processes.command_line(gone) == [] and processes.mapped_files(gone) == set()
+
+
 @pytest.mark.parametrize("raised", [psutil.NoSuchProcess(1), psutil.ZombieProcess(1), psutil.AccessDenied(1)])
 def test_a_process_that_goes_away_while_read_is_skipped(family, monkeypatch, raised) -> None:
     """psutil's errors for a process that exits (or turns zombie, or is not ours) between two reads."""
@@ -109,6 +135,9 @@ def test_a_process_that_goes_away_while_read_is_skipped(family, monkeypatch, rai
     assert processes.shm_regions(kids) == set()
     monkeypatch.setattr(psutil.Process, "cmdline", fails)
     assert processes.shm_regions(kids) == set()
+    assert processes.command_line(kids[0]) == []
+    monkeypatch.setattr(psutil.Process, "memory_maps", fails)
+    assert processes.mapped_files(kids[0]) == set()
     monkeypatch.setattr(psutil.Process, "children", fails)
     assert processes.children(family.pid) == []
     monkeypatch.setattr(psutil.Process, "status", fails)

@@ -2,13 +2,18 @@
 
 ``infer(server, "cost_model", {"INPUT0": x})`` returns ``{"OUTPUT0": array}``. It uses
 ``tritonclient`` underneath (the real KServe v2 protocol), with binary tensors over HTTP.
+
+Deferred import: ``tritonclient.http`` (gevent, ~0.1 s) at the first HTTP request: the ``client``
+package imports this module and ``lab-backends --help`` imports the package (``with-key``).
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 
 from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
@@ -17,14 +22,15 @@ from lab_backends.server.running import RunningServer
 PROTOCOLS = ("grpc", "http")
 
 
-def _module(protocol: str):
+def _module(protocol: str) -> ModuleType:
+    """The tritonclient module that speaks ``protocol``."""
     if protocol == "grpc":
-        import tritonclient.grpc as module
-    elif protocol == "http":
-        import tritonclient.http as module
-    else:
-        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
-    return module
+        return grpcclient
+    if protocol == "http":
+        import tritonclient.http as httpclient  # deferred: gevent-based, see the module docstring
+
+        return httpclient
+    raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
 
 
 def make_inputs(inputs: Mapping[str, np.ndarray], protocol: str = "grpc", binary: bool = True) -> list:

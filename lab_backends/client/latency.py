@@ -10,7 +10,10 @@ import statistics
 import time
 from typing import Any, Mapping
 
+import grpc
 import numpy as np
+import pandas as pd
+from tritonclient.grpc import service_pb2_grpc
 
 from lab_backends.client.protocol import _timed_post, grpc_request, request_body
 from lab_backends.server.running import RunningServer
@@ -25,10 +28,6 @@ def compare_latency(server: RunningServer, model: str, inputs: Mapping[str, np.n
     read the whole response. Returns a pandas
     DataFrame with one row per variant: request bytes, response bytes, p50 and p90 in ms.
     """
-    import grpc
-    import pandas as pd
-    from tritonclient.grpc import service_pb2_grpc
-
     if repeats < 1 or repeats > 10_000:
         raise ValueError(f"repeats must be between 1 and 10000, not {repeats}")
     rows = []

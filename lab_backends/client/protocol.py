@@ -19,7 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import grpc
 import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from lab_backends import rest
@@ -239,8 +242,6 @@ class GrpcExchange:
 
     def show(self) -> str:
         """Both messages in protobuf text format, the raw tensor bytes replaced by their length."""
-        from google.protobuf import text_format
-
         def text(message: Any, raw_field: str) -> str:
             copy = type(message)()
             copy.CopyFrom(message)
@@ -256,8 +257,6 @@ class GrpcExchange:
 def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
                  request_id: str = ""):
     """A ``ModelInferRequest`` protobuf with every tensor in ``raw_input_contents`` (always binary)."""
-    from tritonclient.grpc import service_pb2
-
     check_inputs(inputs)
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, array in inputs.items():
@@ -272,9 +271,6 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
 def grpc_exchange(server: RunningServer, model: str, inputs: Mapping[str, np.ndarray],
                   outputs: Sequence[str] | None = None, request_id: str = "") -> GrpcExchange:
     """Send one ``ModelInfer`` protobuf over a fresh channel and decode the response."""
-    import grpc
-    from tritonclient.grpc import service_pb2_grpc
-
     request = grpc_request(model, inputs, outputs, request_id)
     limit = 1 << 30
     with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_send_message_length", limit),

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
 from lab_backends.errors import SequenceError
@@ -88,8 +89,6 @@ def is_live(server: RunningServer, corrid: int, model: str = MODEL) -> bool:
     ("must specify the START flag") when no such sequence is open. If it was open, the probe
     closes it, so call this only on sequences you are done with.
     """
-    from tritonclient.utils import InferenceServerException
-
     try:
         step(server, corrid, 0.0, start=False, end=True, model=model)
     except InferenceServerException as exc:

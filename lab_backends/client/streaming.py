@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
+import pandas as pd
+import tritonclient.grpc as grpcclient
 
 from lab_backends.client.infer import make_inputs
 from lab_backends.errors import StreamingError
@@ -66,8 +68,6 @@ def grpc_stream(
     A fresh client per call: a tritonclient gRPC client holds at most one stream, and stopping it
     ends the stream for every request on it.
     """
-    import tritonclient.grpc as grpcclient
-
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: events.put((time.monotonic(), result, error)))
@@ -167,8 +167,6 @@ def same_sequence(a: list[StreamEvent], b: list[StreamEvent], rtol: float = 1e-6
 
 def as_frame(events: list[StreamEvent]):
     """The events as a DataFrame: arrival time, outputs, error, final (for a notebook table)."""
-    import pandas as pd
-
     frame = pd.DataFrame([{"t_ms": round(e.t_s * 1000, 1), **e.outputs, "error": e.error, "final": e.final}
                           for e in events])
     return frame.convert_dtypes()  # an empty final response leaves <NA>, and STEP stays an integer

@@ -6,6 +6,9 @@ written once under ``build/models/digits`` and copied INTO the model version fol
 (``model_repository/digits_onnx/1/model.onnx`` ...), git-ignored, so that mounting a repository
 folder into a container (the NGC image) serves the same files. A file lock makes concurrent
 builds (two test sessions, a notebook) wait for each other instead of racing.
+
+Deferred imports: ``train`` and ``export`` import torch (1-6 s), which only a (re)build needs; the
+up-to-date check and ``ARTIFACT_DIR`` (imported by every ``lab_backends.digits`` user) stay cheap.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from lab_backends.paths import BACKEND_DIR, BUILD_DIR, MODEL_REPOSITORY, PROJECT_ROOT
+
+from .classic import CLASSIC_MODELS, save_pickle, train_classic
+from .data import SEED, load_split
 
 ARTIFACT_DIR = BUILD_DIR / "models" / "digits"
 GPU_REPOSITORY = PROJECT_ROOT / "model_repository_gpu"
@@ -101,8 +107,6 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
-    from .classic import CLASSIC_MODELS, save_pickle, train_classic
-    from .data import SEED, load_split
     from .export import ONNX_OPSET, export_onnx, export_torchscript
     from .export_tf import export_savedmodel
     from .train import train

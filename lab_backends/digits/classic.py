@@ -4,6 +4,8 @@ They exist to show framework support added without writing C: Triton has no scik
 backend, yet ``backend: "sklearn"`` in a config serves these pickles through one shared
 ``model.py`` installed in the backend directory. They train on the same split and inputs
 (normalized ``PIXELS``) as the MLP, so their answers can be compared with it.
+
+Deferred import: scikit-learn (~3 s to import) only when an estimator is made.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Tests and notebooks compare Triton's outputs with these. They load the same files the servers
 load, run them in this process, and implement the postprocessing independently of ``model.py``.
+
+Deferred imports: torch (1-6 s) and ONNX Runtime (~0.1 s, its native runtime), each in the one
+function that runs it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from tritonclient.grpc import model_config_pb2
 
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import ModelConfigError
 from lab_backends.measure.stats import parse_metrics, scrape_metrics
 from lab_backends.server.repository import ModelConfig, config_text, read_config
@@ -173,8 +174,6 @@ def send_together(
     A failed request's slot holds the exception the client raised, so a notebook can show which
     requests of a batch failed and why.
     """
-    from lab_backends.client.infer import make_inputs
-
     results: "queue.Queue[tuple[int, Any, Any]]" = queue.Queue()
     grpc = server.grpc_client
     for index, inputs in enumerate(requests):

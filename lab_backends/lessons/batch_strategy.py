@@ -13,6 +13,8 @@ executions per batch size) is read before and after as a second, independent rec
 
 :func:`tagged_burst` sends requests that carry a request parameter (the exercise's ``tenant``);
 :func:`allocation_faults` is the reviewer's static check that what a strategy allocates is freed.
+
+Deferred import: matplotlib (~1 s), only when a figure is drawn.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import ModelLoadError
 from lab_backends.lessons import c_source
 from lab_backends.measure import trace as tracing
@@ -107,8 +110,6 @@ def tagged_burst(server: Any, model: str, inputs: Sequence[Mapping[str, np.ndarr
     One row per request: ``request_id``, ``ok``, ``error`` (Triton's text, or "no answer within
     ...") and what the model answered about its batch (``batch``; ``instance``/``pid`` when it says).
     """
-    from lab_backends.client.infer import make_inputs
-
     client = server.grpc_client
     rows: list[dict[str, Any]] = [{"request_id": f"{prefix}-{i}", "ok": False,
                                    "error": f"no answer within {timeout_s:g} s", "batch": None,

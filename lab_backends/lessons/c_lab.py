@@ -31,10 +31,17 @@ from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException
 
+from lab_backends.client.infer import infer
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons import c_source
+from lab_backends.lessons.authoring import send_together
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server import cbackend
+from lab_backends.server.repository import ModelConfig, config_text
+from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll
 
 NAME = "clip_backend"
 BACKEND = "clip"
@@ -62,8 +69,6 @@ STATS_WAIT_S = 3.0
 
 
 def _config(name: str, lo: str | None, hi: str | None, dtype: str = "TYPE_FP32") -> Any:
-    from lab_backends.server.repository import ModelConfig
-
     config = ModelConfig(name=name, backend=BACKEND, max_batch_size=16)
     config.input.add(name="INPUT0", data_type=model_config_pb2.DataType.Value(dtype), dims=[-1])
     config.output.add(name="OUTPUT0", data_type=model_config_pb2.DataType.Value(dtype), dims=[-1])
@@ -76,8 +81,6 @@ def _config(name: str, lo: str | None, hi: str | None, dtype: str = "TYPE_FP32")
 
 
 def _write(repo: Path, config: Any) -> None:
-    from lab_backends.server.repository import config_text
-
     (repo / config.name / "1").mkdir(parents=True, exist_ok=True)
     (repo / config.name / "config.pbtxt").write_text(config_text(config))
 
@@ -114,9 +117,6 @@ def check_clip_answer(answer: Any, server: Any = None) -> str:
     In the order a learner fixes things: the ownership rule, the build, the config's bounds, one
     good request, a burst with bad batch-mates, a wrong dtype, and the server still serving.
     """
-    from lab_backends.client.infer import infer
-    from lab_backends.server.triton_server import TritonServer
-
     del server  # a backend that crashes must not take the learner's server with it
     path, source = read_answer(answer)
     _check_ownership(path.name, source)
@@ -168,8 +168,6 @@ def _check_ownership(filename: str, source: str) -> None:
 
 
 def _build(path: Path, backends: Path) -> None:
-    from lab_backends.server import cbackend
-
     try:
         cbackend.build(path, BACKEND, backends, extra_flags=("-Werror",))
     except BackendBuildError as exc:
@@ -213,10 +211,6 @@ def _check_loads(own: Any, lo: float, hi: float) -> None:
 
 
 def _check_one_request(own: Any, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    from tritonclient.utils import InferenceServerException
-
-    from lab_backends.client.infer import infer
-
     want = np.clip(x, np.float32(lo), np.float32(hi))
     try:
         got = infer(own, "clip_main", {"INPUT0": x})["OUTPUT0"]
@@ -271,9 +265,6 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> t
     After each burst the batch statistics must add up to the rows answered: the backend reports
     ``batch_size`` = the sum of its requests' ``*items``, so ``*items = 1`` shows up as too few rows.
     """
-    from lab_backends.lessons.authoring import send_together
-    from lab_backends.waiting import poll
-
     bad = {2, 7}
     answered = failed = 0
     sizes_seen: set[int] = set()
@@ -314,10 +305,6 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float) -> t
 
 
 def _check_fp64_refused(own: Any, x: np.ndarray) -> None:
-    from tritonclient.utils import InferenceServerException
-
-    from lab_backends.client.infer import infer
-
     try:
         infer(own, "clip_fp64", {"INPUT0": x.astype(np.float64)})
     except InferenceServerException as exc:

@@ -6,11 +6,15 @@ sequence batcher or ensemble), and the scheduler hands batches to a backend (pyt
 or a framework backend such as ONNX Runtime or PyTorch in the NGC image). The response travels the
 same way back. Passing the server's model configs places each model under the scheduler and the
 backend its config picks, so the picture matches the server that is running.
+
+Deferred import: matplotlib (~1 s), only when the diagram is drawn.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
+
+import pandas as pd
 
 #: Scheduler names as this workbench shows them, in the order they are drawn.
 SCHEDULERS = ("default", "dynamic batcher", "sequence batcher", "ensemble")
@@ -143,8 +147,6 @@ def model_placement(configs: Mapping[str, Any]) -> dict[tuple[str, str], list[st
 
 def placement_table(configs: Mapping[str, Any]):
     """One row per model: its scheduler, backend, max_batch_size and instance count (a DataFrame)."""
-    import pandas as pd
-
     rows = []
     for model in sorted(configs):
         config = configs[model]

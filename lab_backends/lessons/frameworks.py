@@ -16,6 +16,8 @@ On a GPU server (the NGC image from docker-compose, which also serves ``model_re
 :func:`gpu_status` finds the native ``onnxruntime``/``libtorch``/``tensorflow`` models on ``KIND_GPU`` instances,
 and :data:`NATIVE` says which tensor names they use (libtorch: ``PIXELS__0`` by the
 ``<name>__<index>`` convention; forward()'s argument name ``pixels`` would do for the input too).
+
+Deferred imports: torch (1-6 s) and ONNX Runtime (~0.1 s), only for the in-process thread timings.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from tritonclient.grpc import model_config_pb2 as mc
 
+from lab_backends.client.infer import infer
+from lab_backends.digits.build import ARTIFACT_DIR
+from lab_backends.digits.data import load_split, normalize
 from lab_backends.errors import LabBackendsError, RemoteServerError
+from lab_backends.measure import loadgen
+from lab_backends.measure.stats import scrape_metrics
+from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.running import RunningServer
 
 #: The Python-wrapped models, by framework.
@@ -72,8 +81,6 @@ def served(name: str) -> ServedModel:
 # ------------------------------------------------------------------------------- the same answer?
 def held_out() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Held-out raw images (uint8 [N, 8, 8]), their labels, and the normalized PIXELS [N, 64]."""
-    from lab_backends.digits.data import load_split, normalize
-
     split = load_split()
     return split.test_images, split.test_labels, normalize(split.test_images)
 
@@ -85,8 +92,6 @@ def served_logits(server: RunningServer, model: str, pixels: np.ndarray, max_bat
     Why chunks: a request larger than the model's ``max_batch_size`` is refused (HTTP 400), so a
     client with more rows than that must split them and stitch the answers back in order.
     """
-    from lab_backends.client.infer import infer
-
     spec = served(model)
     pixels = np.ascontiguousarray(pixels, dtype=np.float32)
     parts = [
@@ -140,8 +145,6 @@ def side_by_side(
     Every model gets the same inputs (real held-out digits) and the same load; models alternate
     within each concurrency so that a noisy neighbour on the machine hurts both alike.
     """
-    from lab_backends.measure import loadgen
-
     _, _, pixels = held_out()
     rows = []
     for concurrency in concurrencies:
@@ -172,8 +175,6 @@ def thread_timings(
     """
     import onnxruntime as ort
     import torch
-
-    from lab_backends.digits.build import ARTIFACT_DIR
 
     torch_path = torch_path or ARTIFACT_DIR / "model.pt"
     onnx_path = onnx_path or ARTIFACT_DIR / "model.onnx"
@@ -251,8 +252,6 @@ def gpu_status(server: RunningServer) -> GpuStatus:
     Either is enough: Triton's ``nv_gpu_*`` metrics need DCGM, which may not start even on a GPU
     machine, while a ``KIND_GPU`` instance cannot load at all without a GPU.
     """
-    from lab_backends.measure.stats import scrape_metrics
-
     evidence = []
     try:
         gpu_lines = [ln for ln in scrape_metrics(server).splitlines() if ln.startswith("nv_gpu_")]
@@ -278,8 +277,6 @@ def gpu_status(server: RunningServer) -> GpuStatus:
 
 def instance_kinds(server: RunningServer, models: Iterable[str]) -> pd.DataFrame:
     """Backend/platform and instance groups of each model, from the configs the server uses."""
-    from tritonclient.grpc import model_config_pb2 as mc
-
     rows = []
     for model in models:
         config = server.model_config(model)
@@ -291,8 +288,6 @@ def instance_kinds(server: RunningServer, models: Iterable[str]) -> pd.DataFrame
 
 def pinning_lines() -> dict[str, list[str]]:
     """The lines of each wrapped model's ``model.py`` that pin framework threads (what the server runs)."""
-    from lab_backends.paths import MODEL_REPOSITORY
-
     return {
         model: [ln.strip() for ln in (MODEL_REPOSITORY / model / "1" / "model.py").read_text().splitlines()
                 if "threads" in ln and not ln.strip().startswith("#")]

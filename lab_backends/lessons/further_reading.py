@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from lab_backends.errors import LabBackendsError
+from lab_backends.paths import lesson_notebooks
 
 RELEASE = "r24.10"  # the branch of Triton 2.51.0
 SERVER = f"https://github.com/triton-inference-server/server/blob/{RELEASE}"
@@ -252,8 +253,6 @@ def append(path: str | Path) -> bool:
 
 def main(argv: list[str]) -> int:
     """``python -m lab_backends.lessons.further_reading [NOTEBOOK ...]`` (default: notebooks/*.ipynb)."""
-    from lab_backends.paths import lesson_notebooks
-
     paths = [Path(a) for a in argv] or lesson_notebooks()
     for path in paths:
         print(("rewrote " if append(path) else "unchanged ") + str(path))

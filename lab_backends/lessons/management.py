@@ -17,16 +17,21 @@ done the way it is:
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from base64 import b64encode
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends import rest
+from lab_backends.client.infer import infer
 from lab_backends.errors import LabBackendsError, ModelLoadError
+from lab_backends.lessons.authoring import Tensor, python_config
 from lab_backends.server.repository import ModelConfig, config_json
 from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll
@@ -56,8 +61,6 @@ class TritonPythonModel:
 
 def versioned_config(name: str, versions_policy: model_config_pb2.ModelVersionPolicy | None = None) -> ModelConfig:
     """The config of :data:`VERSIONED_SOURCE`: X FP32 [1] -> VERSION INT32 [1], batching up to 8."""
-    from lab_backends.lessons.authoring import Tensor, python_config
-
     config = python_config(name, [Tensor("X", "FP32", [1])], [Tensor("VERSION", "INT32", [1])], max_batch_size=8)
     if versions_policy is not None:
         config.version_policy.CopyFrom(versions_policy)
@@ -135,10 +138,6 @@ def wait_until_unloaded(server: RunningServer, name: str, timeout_s: float = 30.
 
 def infer_version(server: RunningServer, name: str, version: int | None = None, protocol: str = "http") -> int:
     """Ask ``name`` (``version`` or the server's choice) and return the VERSION it answered with."""
-    import numpy as np
-
-    from lab_backends.client.infer import infer
-
     kwargs = {"model_version": str(version)} if version is not None else {}
     out = infer(server, name, {"X": np.zeros((1, 1), np.float32)}, protocol=protocol, **kwargs)
     return int(out["VERSION"][0, 0])
@@ -166,8 +165,6 @@ def load_request_body(config: ModelConfig | None = None, files: Mapping[str, byt
     ``files`` maps ``"file:<version>/<name>"`` to bytes (sent base64-encoded); Triton requires a
     ``config`` whenever files are sent.
     """
-    import json
-
     parameters: dict[str, str] = {}
     if config is not None:
         parameters["config"] = config_json(config)
@@ -226,11 +223,6 @@ def unload_during_request(
     The request runs in a thread with its own gRPC client, so the unload (over HTTP, on this
     thread) really overlaps it. ``unload_after_s`` must be shorter than the request's run time.
     """
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    from lab_backends.client.infer import infer
-
     box: dict[str, Any] = {}
 
     def send() -> None:

@@ -7,6 +7,8 @@ needs a server started with a trace file (``trace_file=...``, ``trace_log_freque
 may be ``OFF``): :meth:`TimelineWindow.open` turns tracing on for the panel's model alone, for the
 run, and :meth:`TimelineWindow.close` puts that model's settings back, so the rest of a notebook
 runs untraced. Only the requests traced since ``open`` are drawn.
+
+Deferred import: matplotlib (~1 s), only when the timeline is drawn.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ preprocess -> framework model -> postprocess can run
 :func:`answers` runs all of them on the same images, :func:`latencies` times them interleaved
 (so a noisy neighbour hurts all alike), and :func:`ensemble_steps` / :func:`bls_source` show *how*
 each is controlled.
+
+Deferred import: matplotlib (~1 s), only when a figure is drawn.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from lab_backends.client.infer import infer
 from lab_backends.errors import LabBackendsError
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.running import RunningServer
@@ -69,8 +72,6 @@ def bls_source(function: str = "_pipeline", path: Path | None = None) -> str:
 def client_pipeline(server: RunningServer, images: np.ndarray, framework: str = "onnx", protocol: str = "grpc",
                     request_id: str = "") -> dict[str, np.ndarray]:
     """The pipeline done by the client: three requests, tensors back and forth between them."""
-    from lab_backends.client.infer import infer
-
     if framework not in FRAMEWORKS:
         raise LabBackendsError(f"framework must be one of {sorted(FRAMEWORKS)}, not {framework!r}")
     pixels = infer(server, "digits_preprocess", {"IMAGE": images}, protocol=protocol, request_id=request_id)["PIXELS"]
@@ -84,8 +85,6 @@ def run(
     server: RunningServer, way: str, images: np.ndarray, protocol: str = "grpc", request_id: str = ""
 ) -> dict[str, np.ndarray]:
     """LABELS and PROBS for ``images``, computed one of the :data:`WAYS`."""
-    from lab_backends.client.infer import infer
-
     kind, _, framework = way.partition(":")
     if way == "ensemble":
         return infer(server, "digits_ensemble", {"IMAGE": images}, protocol=protocol, request_id=request_id)

@@ -9,11 +9,13 @@ and returns what it saw as pandas frames, so the notebook only shows and checks.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+from google.protobuf import json_format
 
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
@@ -126,8 +128,6 @@ def ragged_burst(server: Any, base: Any, ragged: bool, burst: int = 24, lengths:
 
 
 def _config_inputs(config: Any) -> list[dict]:
-    from google.protobuf import json_format
-
     return json_format.MessageToDict(config)["input"]
 
 
@@ -145,17 +145,16 @@ def stub_processes(server: Any, answers: pd.DataFrame) -> pd.DataFrame:
     name on its command line (python_backend ``src/stub_launcher.cc`` 333-338 and 378-382 at r24.10:
     the name is ``argv[8]``), and ``scheduler_probe`` returns its own instance name and PID
     with every answer (from :func:`probe_load`): the two views can be checked against each other.
-    Read from ``/proc``: a local server only.
+    Read with psutil (:mod:`lab_backends.server.processes`): a local server only.
     """
     reported = answers.loc[answers["ok"]].drop_duplicates("pid").set_index("pid")["instance"]
 
     def read() -> list[dict]:
         rows = []
         for pid in sorted(processes.children(server.pid)):
-            try:
-                argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-            except OSError:
-                continue  # exited since it was listed
+            argv = processes.command_line(pid)
+            if not argv:
+                continue  # exited (or a zombie) since it was listed
             script = Path(argv[1]) if len(argv) > 1 else Path("")
             rows.append({"pid": pid, "program": Path(argv[0]).name, "model": script.parent.parent.name,
                          "instance (command line)": argv[8] if len(argv) > 8 else None,
@@ -196,8 +195,6 @@ def gil_compare(server: Any, base: Any, n: int = 40, concurrency: int = 8, model
     ``throughput_rps`` is what the learner sees, and it needs a free core to show the second
     process: on a machine whose other core is busy it does not rise.
     """
-    import time
-
     rows = []
     for name, override in GIL_CONFIGS.items():
         one = {"INPUT0": np.ones((1, 1), np.float32)}

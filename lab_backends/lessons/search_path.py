@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 from tritonclient.grpc import model_config_pb2
 
+from lab_backends.errors import ModelLoadError
+from lab_backends.server.cbackend import exported_symbols
 from lab_backends.server.repository import ModelConfig, config_text, parse_config
 
 _LOADING = re.compile(r'"loading: ([\w.-]+):\d+"')
@@ -71,8 +73,6 @@ def opened_libraries(log: str) -> dict[str, list[str]]:
 
 def entry_points(libraries: dict[str, Path]) -> pd.DataFrame:
     """Which ``TRITONBACKEND_*`` functions each library exports (rows: functions, columns: libraries)."""
-    from lab_backends.server.cbackend import exported_symbols
-
     exported = {
         label: {s for s in exported_symbols(path) if s.startswith("TRITONBACKEND_")}
         for label, path in libraries.items()
@@ -164,8 +164,6 @@ def write_natives(repo: Path) -> list[str]:
 
 def load_refusals(server: Any, names: list[str]) -> dict[str, str]:
     """Model -> the reason Triton's log gives for refusing to load it (empty if it loaded)."""
-    from lab_backends.errors import ModelLoadError
-
     reasons = {}
     for name in names:
         before = len(server.log_text())

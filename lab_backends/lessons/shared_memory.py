@@ -32,11 +32,16 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+from tritonclient.utils import shared_memory as shm
 
 from lab_backends.client.latency import compare_latency
 from lab_backends.client.protocol import _timed_post, grpc_exchange, http_exchange
+from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import ProtocolError
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 #: Every region this lesson makes is named ``lab_shm_<token>_<role>`` (the token starts with the PID):
 #: easy to find in ``/dev/shm``, and never another process's.
@@ -59,14 +64,10 @@ class Region:
         return DEV_SHM / self.key.lstrip("/")
 
     def write(self, array: np.ndarray, offset: int = 0) -> None:
-        from tritonclient.utils import shared_memory as shm
-
         shm.set_shared_memory_region(self.handle, [np.ascontiguousarray(array)], offset)
 
     def read(self, dtype: Any, shape: list[int], offset: int = 0) -> np.ndarray:
         """A *copy* of the contents: a view left alive would keep the region from being closed."""
-        from tritonclient.utils import shared_memory as shm
-
         return np.array(shm.get_contents_as_numpy(self.handle, np.dtype(dtype), shape, offset), copy=True)
 
 
@@ -94,8 +95,6 @@ def regions(server: RunningServer, sizes: Mapping[str, int], token: str | None =
     register, or the body of the ``with``) undoes exactly what was done, in reverse order; one
     failing undo does not stop the others (:class:`contextlib.ExitStack`).
     """
-    from tritonclient.utils import shared_memory as shm
-
     token = token or own_prefix()[len(PREFIX) + 1:] + uuid.uuid4().hex[:6]
     client = server.http_client
     with contextlib.ExitStack() as undo:
@@ -119,7 +118,6 @@ def same_machine(server: RunningServer) -> RunningServer:
     """
     if getattr(server, "target", None) == "local":
         return server
-    from lab_backends.server.triton_server import TritonServer
 
     print("System shared memory needs the server on this machine: starting an embedded one for this section.")
     return TritonServer(models=["echo"], target="local").start()
@@ -128,10 +126,6 @@ def same_machine(server: RunningServer) -> RunningServer:
 def _shm_tensors(tensor: np.ndarray, input_region: str, output_region: str, output_bytes: int,
                  input_offset: int = 0) -> tuple[list, list]:
     """tritonclient's ``INPUT0`` and ``OUTPUT0`` (an ``echo``-like model), both pointing at regions by name."""
-    import tritonclient.http as httpclient
-
-    from lab_backends.client.wire import triton_dtype
-
     infer_input = httpclient.InferInput("INPUT0", list(tensor.shape), triton_dtype(tensor))
     infer_input.set_shared_memory(input_region, tensor.nbytes, offset=input_offset)
     output = httpclient.InferRequestedOutput("OUTPUT0")
@@ -158,8 +152,6 @@ def compare_ways(server: RunningServer, tensor: np.ndarray, repeats: int = 10, m
     memory row is timed the same way (body encoded once, one connection, clock from sending to
     the last byte read): the input is written into its region once, the output read back once.
     """
-    import tritonclient.http as httpclient
-
     if not 1 <= repeats <= 1000:
         raise ValueError(f"repeats must be between 1 and 1000, not {repeats}")
     tensor = np.ascontiguousarray(tensor, dtype=np.float32)
@@ -215,8 +207,6 @@ def failure_modes(server: RunningServer, n: int = 1024, model: str = "echo", tok
     Columns: ``error`` (Triton's message, as the client got it), ``expected`` (the phrase of the
     source that writes it), ``matches`` and ``where``. The regions are always cleaned up.
     """
-    from tritonclient.utils import InferenceServerException
-
     tensor = np.arange(n, dtype=np.float32)
     nbytes = tensor.nbytes
     errors: dict[str, str] = {}

@@ -26,8 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lab_backends.client.infer import infer
 from lab_backends.measure.stats import fetch_statistics, totals
+from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.config_changes import derive_config
+from lab_backends.server.repository import read_config
 from lab_backends.server.running import RunningServer
 from lab_backends.server.warmup import with_warmup
 from lab_backends.waiting import poll
@@ -72,8 +75,6 @@ def _compute_ns(server: RunningServer, model: str) -> tuple[int, int]:
 
 def _one_request(server: RunningServer, model: str, inputs: dict[str, np.ndarray]) -> tuple[float, float]:
     """Send one request; its (server compute ms, client round trip ms), once the server has counted it."""
-    from lab_backends.client.infer import infer
-
     count, ns = _compute_ns(server, model)
     started = time.perf_counter()
     infer(server, model, inputs, protocol="grpc")
@@ -85,9 +86,6 @@ def _one_request(server: RunningServer, model: str, inputs: dict[str, np.ndarray
 
 def shipped(model: str = MODEL) -> Any:
     """The model's ``config.pbtxt`` from this project's repository (the model need not be loaded)."""
-    from lab_backends.paths import MODEL_REPOSITORY
-    from lab_backends.server.repository import read_config
-
     return read_config(MODEL_REPOSITORY / model)
 
 

@@ -15,6 +15,8 @@ run (a button callback's traceback would only reach the kernel's log, leaving th
 until that load has ended (a thread cannot be stopped; a second load beside it would measure both).
 Until the first run has drawn something, the figure's place holds a line of text, not an empty
 ``Image`` (which a browser draws as a broken-image icon).
+
+Deferred imports: ipywidgets (~0.3 s) and matplotlib (~1 s), only when a panel is built or drawn.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import traceback
 from typing import Any
 
 import pandas as pd
+from tritonclient.utils import InferenceServerException
 
 from lab_backends.errors import LabBackendsError, LoadDeadlineError, ModelLoadError
 from lab_backends.lessons.deadline import DeadlineRun
@@ -185,8 +188,6 @@ class BatchingPanel:
 
         Whatever goes wrong ends in the status line (and :attr:`error`), never only in the kernel's log.
         """
-        from tritonclient.utils import InferenceServerException
-
         with self._lock:
             if self._stuck:
                 self._set_status("the load that timed out is still running: Run comes back when it ends "

@@ -15,6 +15,8 @@ The statistics API splits each request's server time into queue, compute input, 
 compute output; the C backend reports its own timestamps, the Python backend includes the hand-off
 in its compute times. ``lab-backends bench backends`` writes ``bench/backends.csv`` and
 ``bench/backends.png``; notebook 09 runs a small version and checks the direction only.
+
+Deferred import: matplotlib (~1 s), only when the figure is drawn.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 from tritonclient.grpc import model_config_pb2
 
+from lab_backends.measure.loadgen import run_closed
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server import cbackend
+from lab_backends.server.repository import ModelConfig, config_text
+from lab_backends.server.triton_server import TritonServer
 
 MODELS = {"python": "double_py", "c": "double_c"}
 CONCURRENCIES = (1, 16)
@@ -48,8 +55,6 @@ class TritonPythonModel:
 
 
 def _config(name: str, backend: str) -> Any:
-    from lab_backends.server.repository import ModelConfig
-
     config = ModelConfig(name=name, backend=backend, max_batch_size=64)
     config.input.add(name="INPUT0", data_type=model_config_pb2.TYPE_FP32, dims=[-1])
     config.output.add(name="OUTPUT0", data_type=model_config_pb2.TYPE_FP32, dims=[-1])
@@ -62,9 +67,6 @@ def _config(name: str, backend: str) -> Any:
 
 def prepare(root: str | Path) -> tuple[Path, Path]:
     """Write the two models into ``root/models`` and build scale.c into ``root/backends``."""
-    from lab_backends.server import cbackend
-    from lab_backends.server.repository import config_text
-
     root = Path(root)
     repo, backends = root / "models", root / "backends"
     cbackend.build(cbackend.C_BACKENDS_DIR / "scale" / "scale.c", "scale", backends)
@@ -79,10 +81,6 @@ def prepare(root: str | Path) -> tuple[Path, Path]:
 def measure(server: Any, requests: int, duration_s: float, concurrencies=CONCURRENCIES,
             log: Callable[[str], None] = lambda message: None) -> pd.DataFrame:
     """One row per (backend, concurrency), the backends alternating at each concurrency."""
-    import numpy as np
-
-    from lab_backends.measure.loadgen import run_closed
-
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     rows = []
     for c in concurrencies:
@@ -123,8 +121,6 @@ def figure(frame: pd.DataFrame) -> Any:
 def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
                    log: Callable[[str], None] = print) -> pd.DataFrame:
     """Run the comparison on one fresh server; write ``backends.csv`` and ``backends.png``."""
-    from lab_backends.server.triton_server import TritonServer
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     requests, duration_s = (400, 3.0) if quick else (3000, 10.0)

@@ -15,6 +15,8 @@ Writes four files (default folder ``bench/``):
   end) and the fraction of the ceiling the server alone allows (:mod:`lab_backends.measure.reference_tools`).
 
 This is a benchmark, not a test: it asserts nothing, it prints the targets next to what it measured.
+
+Deferred import: matplotlib (~1 s), only when the figure is drawn.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from lab_backends.measure import plots
 from lab_backends.measure.reference_tools import CYCLE_COLUMNS, compare_loadgens, cost_model_ceiling
 from lab_backends.measure.sweep import NO_BATCHING, sweep
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.server import cbackend
+from lab_backends.server.triton_server import TritonServer
 
 BATCHING_COLUMNS = ["model", "protocol", "batching", "concurrency", "requests", "throughput_rps",
                     "p50_ms", "p90_ms", "p99_ms", "avg_batch"]
@@ -55,8 +60,6 @@ STRATEGY_BUDGET = 256
 
 def strategy_configs(max_batch_size: int = 64) -> dict[str, dict[str, Any]]:
     """``{"byte_budget 256": override}`` for cost_model; builds the strategy if it is missing."""
-    from lab_backends.server import cbackend
-
     library = cbackend.build_all_strategies()["byte_budget"]
     return {f"byte_budget {STRATEGY_BUDGET}": {
         "parameters": {"TRITON_BATCH_STRATEGY_PATH": {"string_value": str(library)},
@@ -103,8 +106,6 @@ def batching_bench(
     Each point is bounded by ``requests`` and ``duration_s`` (defaults: 1500 / 10 s, ``quick``:
     300 / 3 s); each load generator runs ``loadgen_s`` (10 s, ``quick``: 3 s).
     """
-    from lab_backends.server.triton_server import TritonServer
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     models = models or available_models(log)
@@ -152,8 +153,6 @@ def batching_bench(
 def figure(frame: pd.DataFrame) -> Any:
     """One row per model: throughput and p50/p99 vs concurrency, without and with batching."""
     from matplotlib.figure import Figure
-
-    from lab_backends.measure import plots
 
     models = list(dict.fromkeys(frame["model"])) or ["(none)"]
     fig = Figure(figsize=(12, 4 * len(models)))

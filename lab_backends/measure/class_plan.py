@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lab_backends.errors import LabBackendsError
-from lab_backends.paths import PROJECT_ROOT, lesson_notebooks
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT, lesson_notebooks
+from lab_backends.server.repository import model_dirs, read_config
 
 FOOTPRINT = PROJECT_ROOT / "bench" / "scale" / "footprint.json"
 INTERVAL_S = 0.5
@@ -138,9 +139,6 @@ def execution_costs(footprint: Mapping[str, Mapping[str, Any]]) -> dict[str, Cos
 
 def _configured_max_batch() -> dict[str, int]:
     """``max_batch_size`` of the repository's models that batch dynamically (what the shared server runs)."""
-    from lab_backends.paths import MODEL_REPOSITORY
-    from lab_backends.server.repository import model_dirs, read_config
-
     found = {}
     for name, folder in model_dirs([MODEL_REPOSITORY]).items():
         try:

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import tritonclient.grpc as grpcclient
 
 from lab_backends.client.sequences import MODEL, _check_sequences, expected_means, step
 from lab_backends.errors import SequenceError
@@ -56,8 +57,6 @@ def drive_concurrent(
     The threads start together (a barrier), so the sequence batcher has several sequences with a
     request waiting at the same moment: with the ``oldest`` strategy it puts them in one batch.
     """
-    import tritonclient.grpc as grpcclient
-
     _check_sequences(sequences)
     barrier = threading.Barrier(len(sequences), timeout=timeout_s)
 
@@ -155,8 +154,6 @@ def fill_slots(
     taken. ``timeout_s`` bounds each wait; a sequence left idle ``max_sequence_idle_microseconds``
     (30 s for ``running_mean``) would lose its slot, so keep it below that.
     """
-    import tritonclient.grpc as grpcclient
-
     slots = sequence_slots(server.model_config(model))
     corrids = list(range(first_corrid, first_corrid + slots + extra))
     _check_sequences({c: [1.0] for c in corrids})

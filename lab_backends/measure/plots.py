@@ -3,6 +3,8 @@
 Every function takes the tidy frame of :func:`lab_backends.measure.sweep.sweep` (or a
 :class:`~lab_backends.measure.loadgen.LoadResult`), draws on the ``ax`` it is given (or a new one) and returns
 that ``ax``, so notebooks can compose them and the widget panel can redraw them in place.
+
+Deferred import: matplotlib (~1 s), in the functions that draw.
 """
 
 from __future__ import annotations

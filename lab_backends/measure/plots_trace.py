@@ -2,6 +2,8 @@
 
 Kept apart from :mod:`lab_backends.measure.plots` (load and latency figures) because it only needs the
 tidy stage table of :mod:`lab_backends.measure.trace`, nothing about load generation.
+
+Deferred import: matplotlib (~1 s), in the functions that draw.
 """
 
 from __future__ import annotations

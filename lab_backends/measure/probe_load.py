@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import LoadSettingError
 
 #: The columns of :func:`probe_load`'s frame.
@@ -76,8 +77,6 @@ def probe_load(
     and expired requests are rows with ``ok=False`` and Triton's own ``error`` text: they are
     results here, not failures. Times are seconds from the first send.
     """
-    from lab_backends.client.infer import make_inputs
-
     if not 1 <= n <= 5000:
         raise LoadSettingError(f"probe_load sends 1..5000 requests, not {n}")
     if not 1 <= concurrency <= 512:

@@ -125,8 +125,6 @@ def metrics_timeline(samples: list[tuple[float, str]], model: str | None = None)
     sample, every gauge as sampled, and three rates derived between consecutive samples:
     ``throughput_rps``, ``avg_batch`` and ``queue_ms`` (average queue time per request).
     """
-    import pandas as pd
-
     if not samples:
         return pd.DataFrame(columns=["t_s"])
     first = parse_metrics(samples[0][1])

@@ -17,6 +17,9 @@ import time
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import triton_to_np_dtype
 
 from lab_backends.errors import LabBackendsError
 
@@ -25,9 +28,6 @@ INTERVAL_S = 0.5
 
 def example_inputs(server: Any, model: str, length: int = 16) -> list:
     """One request's inputs for ``model``, shaped from its config (-1 dims become ``length``)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import triton_to_np_dtype
-
     config = server.model_config(model)
     tensors = []
     for spec in config.input:
@@ -42,15 +42,11 @@ def example_inputs(server: Any, model: str, length: int = 16) -> list:
 
 
 def _triton_type(data_type: int) -> str:
-    from tritonclient.grpc import model_config_pb2
-
     return model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_").replace("STRING", "BYTES")
 
 
 def _learner(url: str, stream: Sequence[tuple[float, str, int]], inputs: dict[str, list], t0: float,
              max_requests: int, out: list[tuple[str, float, float]], errors: list[str], pending: list[int]) -> None:
-    import tritonclient.grpc as grpcclient
-
     client = grpcclient.InferenceServerClient(url)
     lock = threading.Lock()
     sent = 0

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from lab_backends import rest
 from lab_backends.errors import StatisticsError
+from lab_backends.measure.pods import summed_metrics
 from lab_backends.measure.prometheus import Metrics, metrics_delta, metrics_timeline, parse_metrics
 from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll, settled
@@ -38,8 +39,6 @@ def fetch_statistics(server: RunningServer, model: str = "", timeout_s: float = 
 def scrape_metrics(server: RunningServer, timeout_s: float = 10.0) -> str:
     """The Prometheus text page (``/metrics``); it is not restricted."""
     if len(getattr(server, "endpoints", ())) > 1:  # a class server: every pod's page, summed
-        from lab_backends.measure.pods import summed_metrics
-
         return summed_metrics(server, timeout_s)
     status, body = rest.request(server.metrics_url, timeout=timeout_s)
     if status != 200:

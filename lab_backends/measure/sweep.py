@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from lab_backends.errors import LoadSettingError
 from lab_backends.measure.loadgen import run_closed, run_open
@@ -48,8 +49,6 @@ def sweep(
     ``configs`` maps a name to an override (see
     :func:`~lab_backends.server.config_changes.derive_config`); default: the live config.
     """
-    from tqdm.auto import tqdm
-
     if mode not in ("closed", "open"):
         raise LoadSettingError(f"mode must be 'closed' or 'open', not {mode!r}")
     points: Sequence[float] = list(rates or []) if mode == "open" else list(concurrency)

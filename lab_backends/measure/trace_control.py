@@ -7,11 +7,13 @@ server (the settings API is restricted, the admin key is sent) and change or cau
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from lab_backends import rest
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import TraceError
 from lab_backends.server.running import RunningServer
 
@@ -74,10 +76,6 @@ def send_burst(server: RunningServer, model: str, inputs: dict, n: int, prefix: 
     that arrive together may share one batch and none waits; on a model without a batcher each
     waits for the ones ahead of it, however the client's sends are spread. Returns the request ids.
     """
-    import threading
-
-    from lab_backends.client.infer import make_inputs
-
     if not 1 <= n <= 1000:
         raise TraceError(f"a burst of {n} requests is out of range: use 1..1000")
     done = threading.Semaphore(0)

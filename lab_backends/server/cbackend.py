@@ -27,6 +27,7 @@ from typing import Iterable
 
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR, PROJECT_ROOT
+from lab_backends.server.bundle import find_bundle
 
 #: Where the C backends live: ``c_backends/<name>/<name>.c``, plus shared headers in ``include/``.
 C_BACKENDS_DIR = PROJECT_ROOT / "c_backends"
@@ -65,8 +66,6 @@ def _compiler(compiler: str | None) -> str:
 
 
 def _server_library() -> Path:
-    from lab_backends.server.bundle import find_bundle
-
     return find_bundle().server_library()
 
 

@@ -16,6 +16,9 @@ entrypoint repeats a multi-GB download at every start and needs internet at run 
 
 The container listens on all of *its* interfaces (it must, for Docker to forward to it), while the
 host side of each published port is bound to 127.0.0.1 only.
+
+Deferred import: the Docker SDK (~0.1 s), only when this target starts a container: every
+``TritonServer`` (and ``lab-backends --help``) imports this module, most never use Docker.
 """
 
 from __future__ import annotations

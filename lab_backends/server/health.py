@@ -15,7 +15,8 @@ a model that "is ready" and "does not work", which is exactly the confusion this
   on a stub crash it recovers once, tells the
   learner, and retries; if that does not help it raises :class:`StubCrashedError`.
 
-Process inspection needs the ``local`` target (it reads ``/proc``); the error-message path
+Process inspection needs the ``local`` target (it reads the server's processes with psutil, through
+:mod:`lab_backends.server.processes`); the error-message path
 (:func:`crashed_instance`, ``infer_with_recovery``) works against any target.
 """
 
@@ -30,7 +31,7 @@ from typing import Callable, Iterable
 
 from lab_backends.errors import LabBackendsError, StubCrashedError
 from lab_backends.server.bundle import STUB_NAME
-from lab_backends.server.processes import SHM_PREFIX, group_members, remove_shm
+from lab_backends.server.processes import SHM_DIR, SHM_PREFIX, command_line, group_members, mapped_files, remove_shm
 from lab_backends.server.running import RunningServer
 from lab_backends.waiting import poll
 
@@ -101,14 +102,6 @@ def _require_local(server: RunningServer) -> int:
     return pid
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
 def stubs(server: RunningServer) -> dict[str, Stub]:
     """Live stub processes of a local server, by instance name (e.g. ``cost_model_0_0``).
 
@@ -117,7 +110,7 @@ def stubs(server: RunningServer) -> dict[str, Stub]:
     """
     found: dict[str, Stub] = {}
     for pid in group_members(_require_local(server)):
-        args = _cmdline(pid)
+        args = command_line(pid)
         if len(args) < 9 or not args[0].endswith(STUB_NAME):
             continue
         region = next((a for a in args if a.startswith(SHM_PREFIX)), "")
@@ -127,14 +120,10 @@ def stubs(server: RunningServer) -> dict[str, Stub]:
 
 def mapped_shm_regions(server: RunningServer) -> set[str]:
     """Stub shared-memory regions the server process has mapped (one per instance it created)."""
-    pid = _require_local(server)
-    try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return set()
     pattern = re.compile(re.escape(SHM_PREFIX) + r"[\w-]+")
-    # A region whose file was already removed shows as "... (deleted)": nothing left to clean.
-    return {m.group(0) for line in maps.splitlines() if not line.endswith("(deleted)") for m in pattern.finditer(line)}
+    found = {m.group(0) for path in mapped_files(_require_local(server)) for m in pattern.finditer(path)}
+    # A region whose file was already removed is still mapped: nothing left to clean.
+    return {name for name in found if (SHM_DIR / name).exists()}
 
 
 def orphan_shm_regions(server: RunningServer) -> set[str]:

@@ -31,7 +31,10 @@ import subprocess
 import threading
 from typing import Any
 
-#: The kernel's ceiling for RLIMIT_NOFILE when the hard limit is "unlimited".
+import psutil
+
+#: The kernel's ceiling for RLIMIT_NOFILE when the hard limit is "unlimited". A kernel setting, not a
+#: process's: psutil has no reader for it, so the sysctl file is read.
 _NR_OPEN = "/proc/sys/fs/nr_open"
 
 def nofile_target() -> int:
@@ -79,9 +82,10 @@ def spawn(command: list[str], **popen: Any) -> subprocess.Popen:
 
 
 def open_files_limit(pid: int) -> tuple[int, int]:
-    """(soft, hard) RLIMIT_NOFILE of a running process, read from /proc (for tests and diagnostics)."""
-    for line in open(f"/proc/{pid}/limits"):
-        if line.startswith("Max open files"):
-            soft, hard = line.split()[3:5]
-            return int(soft), int(hard)
-    raise LookupError(f"no 'Max open files' line in /proc/{pid}/limits")
+    """(soft, hard) RLIMIT_NOFILE of a running process of ours (for tests and diagnostics).
+
+    Read with ``prlimit(2)`` through psutil, which needs the process to be ours (our servers are);
+    ``resource.RLIM_INFINITY`` (-1) stands for unlimited.
+    """
+    soft, hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
+    return soft, hard

@@ -7,6 +7,9 @@ back). The load API then blocks its caller until the HTTP client's own timeout, 
 uploaded file name over 255 bytes is refused (Triton 2.51 aborts on it: :func:`refuse_long_file_names`), and
 the load runs on a client whose network timeout *is* the deadline, so a hang becomes a
 :class:`~lab_backends.errors.ModelLoadError` naming the model, the deadline and the log's words.
+
+Deferred import: ``tritonclient.http`` (gevent, ~0.1 s), only when a model is loaded: this module
+is on the import path of ``lab-backends --help``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tritonclient.utils import InferenceServerException
+
 from lab_backends.errors import ModelLoadError
+from lab_backends.server.crash import raise_if_crashed
 from lab_backends.server.repository import preflight
 
 LOAD_TIMEOUT_S = 120.0
@@ -62,9 +68,6 @@ def load(
 ) -> None:
     """``load_model`` through a client whose network timeout is the load's deadline."""
     import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
-
-    from lab_backends.server.crash import raise_if_crashed
 
     raise_if_crashed(server)
     refuse_long_file_names(name, files)

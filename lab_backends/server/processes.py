@@ -5,7 +5,8 @@ one process group: that group is what we stop. A stub killed hard leaves its sha
 behind; its name is on the stub's command line, so we record names while the stubs are alive and
 remove exactly those files afterwards (never another server's).
 
-Processes are read with :mod:`psutil`. They come and go while we look (a stub exits, a server is
+Processes are read with :mod:`psutil`, here and, through :func:`command_line` and :func:`mapped_files`,
+in the rest of the package: nothing reads ``/proc`` by hand. They come and go while we look (a stub exits, a server is
 being stopped): one that vanishes meanwhile is skipped, never an error, and a zombie (exited, not
 yet reaped) counts as gone. These functions are polled in loops (the watchdog, ``stop_group``), so
 they read no more than they need: ``group_members`` asks every process only for its process group
@@ -60,6 +61,26 @@ def children(pid: int) -> list[int]:
         return [child.pid for child in psutil.Process(pid).children()]
     except _GONE:
         return []
+
+
+def command_line(pid: int) -> list[str]:
+    """``pid``'s arguments; none when it is gone, a zombie, or not ours to read."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except _GONE:
+        return []
+
+
+def mapped_files(pid: int) -> set[str]:
+    """Paths of the files ``pid`` has mapped into memory; none when it is gone or not ours to read.
+
+    A mapped file that was deleted since keeps its old path (psutil drops the kernel's ``(deleted)``
+    mark): check that a path exists before acting on it.
+    """
+    try:
+        return {region.path for region in psutil.Process(pid).memory_maps()}
+    except _GONE:
+        return set()
 
 
 def shm_regions(pids: list[int]) -> set[str]:

@@ -8,25 +8,23 @@ folder, so a live server's folder is never touched, however idle it is).
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
+
+import psutil
 
 KEEP = 30
 MIN_AGE_S = 3600.0
 
 
 def _working_dirs() -> set[str]:
-    """The working directories of the processes we can see (other users' are unreadable: skipped)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                found.add(os.readlink(f"/proc/{entry}/cwd"))
-            except OSError:
-                continue
-    return found
+    """The working directories of the processes we can see (other users' are unreadable: skipped).
+
+    A process that exits while we look is skipped by ``process_iter``; one we may not read (or a
+    zombie) gives None.
+    """
+    return {p.info["cwd"] for p in psutil.process_iter(["cwd"]) if p.info["cwd"]}
 
 
 def _last_write(folder: Path) -> float:

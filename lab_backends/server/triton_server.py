@@ -15,6 +15,9 @@ Usage::
 
     with TritonServer(models=["cost_model"]) as server:
         server.grpc_client.infer(...)
+
+Deferred import: ``tritonclient.http`` (gevent, ~0.1 s) at the first HTTP client: ``from lab_backends
+import TritonServer`` and ``lab-backends --help`` import this module.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from lab_backends import rest
 from lab_backends.errors import LabBackendsError, ModelLoadError, RemoteServerError
@@ -39,6 +45,7 @@ from lab_backends.server.model_status import broken_models
 from lab_backends.server.options import ServerOptions
 from lab_backends.server.readiness import probe_ready
 from lab_backends.server.remote import RemoteTarget
+from lab_backends.server.repository import ModelConfig, config_from_json, config_json
 from lab_backends.server.target import Target
 
 
@@ -206,8 +213,6 @@ class TritonServer:
         """A ready ``tritonclient.grpc.InferenceServerClient``."""
         _crash.raise_if_crashed(self)
         if self._grpc_client is None:
-            import tritonclient.grpc as grpcclient
-
             self._grpc_client = grpcclient.InferenceServerClient(self.grpc_url)
         return self._grpc_client
 
@@ -310,10 +315,6 @@ class TritonServer:
         partial one. Without ``config``, a model loaded with an override keeps it unless its files
         changed on disk: unload it first to go back to ``config.pbtxt``.
         """
-        from tritonclient.utils import InferenceServerException
-
-        from lab_backends.server.repository import ModelConfig, config_json
-
         if isinstance(config, ModelConfig):
             config = config_json(config)
         elif isinstance(config, dict):
@@ -331,8 +332,6 @@ class TritonServer:
 
     def model_config(self, name: str):
         """The config the server is using for ``name``, as a ``ModelConfig`` protobuf."""
-        from lab_backends.server.repository import config_from_json
-
         return config_from_json(self.http_client.get_model_config(name))
 
     def statistics(self, name: str = "", timeout_s: float = 10.0) -> dict:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError
+from lab_backends.lessons import exercises
 from lab_backends.lessons.exercises.registry import (
     EXERCISES,
     Exercise,
@@ -143,8 +144,6 @@ def notebook_skeleton(ex: Exercise, notebooks_dir: Path = NOTEBOOKS_DIR) -> Any:
     cell that binds it; then evaluates ANSWER. The namespace holds what those cells use from the
     notebook's first cell (``exercises``, ``PROJECT_ROOT``); nothing else of the notebook runs.
     """
-    from lab_backends.lessons import exercises
-
     path = notebooks_dir / f"{ex.notebook}.ipynb"
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     sources = ["".join(c["source"]) for c in cells]

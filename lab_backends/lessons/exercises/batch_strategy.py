@@ -30,6 +30,9 @@ from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons import batch_strategy
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.server import crash
+from lab_backends.server.repository import read_config
+from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
 
 NAME = "one_tenant_per_batch"
@@ -75,9 +78,6 @@ def read_answer(answer: Any) -> tuple[Path, str]:
 @exercise(NAME, notebook="09b_batching_strategy_in_c", task=TASK, models=())
 def check_tenant_strategy(answer: Any, server: Any = None) -> str:
     """Read, build, load and drive the learner's strategy on a server of its own (``server`` is unused)."""
-    from lab_backends.server.repository import read_config
-    from lab_backends.server.triton_server import TritonServer
-
     del server  # a strategy runs inside tritonserver: a crash must not take the learner's server down
     path, source = read_answer(answer)
     faults = batch_strategy.allocation_faults(source)
@@ -136,8 +136,6 @@ def _bursts(own: Any) -> tuple[int, int, int]:
 
 
 def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> None:
-    from lab_backends.server import crash
-
     if answers["ok"].all():
         return
     # A dead server's requests fail at once ("Socket closed"), a moment before its exit is seen.
@@ -162,8 +160,6 @@ def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> Non
 
 
 def _still_alive(own: Any, when: str) -> None:
-    from lab_backends.server import crash
-
     code = crash.crashed(own)
     if code is not None:
         raise ExerciseError(f"tritonserver died {when}: {crash.log_cause(own.log_text(), code) or code}; "

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from lab_backends.errors import ExerciseError
+from lab_backends.lessons.exercises.overrides import learner_batcher
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.measure.loadgen import run_closed
+from lab_backends.server.config_changes import apply_config, derive_config
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 BATCHER_CONCURRENCY = 32
 BATCHER_P99_MS = 100.0
@@ -29,13 +34,6 @@ BATCHER_SPEEDUP = 4.0
 )
 def _check_tune_the_batcher(answer: Any, server: RunningServer | None) -> str:
     """Relative throughput (machine speed cancels out), absolute p99 (the learner's bound)."""
-    import contextlib
-
-    from lab_backends.lessons.exercises.overrides import learner_batcher
-    from lab_backends.measure.loadgen import run_closed
-    from lab_backends.server.config_changes import apply_config, derive_config
-    from lab_backends.server.triton_server import TritonServer
-
     if answer is None:
         raise NotImplementedError
     model = "cost_model"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import numpy as np
 
+from lab_backends.digits import reference
+from lab_backends.digits.data import normalize
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.frameworks import MAX_BATCH, WRAPPED, agreement, held_out
 from lab_backends.measure import stats as _stats
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 EXERCISE_ROWS = 150
 
@@ -41,12 +45,6 @@ def _check_framework_agreement(
     cost ~700 MB for one comparison; the offline check of the SavedModel itself is a test
     (tests/test_digits_tf.py).
     """
-    import contextlib
-
-    from lab_backends.digits import reference
-    from lab_backends.digits.data import normalize
-    from lab_backends.server.triton_server import TritonServer
-
     models = tuple(WRAPPED.values())
     images, labels, _ = held_out()
     images, labels = images[:EXERCISE_ROWS], labels[:EXERCISE_ROWS]

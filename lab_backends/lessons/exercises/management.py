@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError
+from lab_backends.lessons import authoring, management
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 CANARY_MODEL = "canary"
 
@@ -27,12 +31,6 @@ CANARY_MODEL = "canary"
     models=(),
 )
 def _check_canary_versions(answer: Callable[[Any, str], Any], server: RunningServer | None) -> str:
-    import tempfile
-
-    from lab_backends.client.infer import infer
-    from lab_backends.lessons import authoring, management
-    from lab_backends.server.triton_server import TritonServer
-
     with tempfile.TemporaryDirectory(prefix="exercise-canary-") as tmp:
         model_dir = authoring.write_model(
             tmp, management.VERSIONED_SOURCE, management.versioned_config(CANARY_MODEL), versions=(1, 2, 3)

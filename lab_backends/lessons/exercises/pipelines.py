@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from lab_backends.errors import ExerciseError
+from lab_backends.client.infer import infer
+from lab_backends.digits.data import load_split
+from lab_backends.errors import ExerciseError, ModelConfigError
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.pipelines import same_answer
 from lab_backends.measure import stats as _stats
 from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.repository import ModelConfig, config_text, parse_config, read_config
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 LEARNER_ENSEMBLE = "my_ensemble_c"
 EXERCISE_ROWS = 24
@@ -37,14 +42,6 @@ def _check_ensemble_with_c_preprocess(answer: Callable[[Any], Any], server: Runn
     repository by a server of the checker's own (a broken ensemble cannot hurt the learner's),
     must answer like ``digits_ensemble``, and the statistics must show the C model did the work.
     """
-    import tempfile
-
-    from lab_backends.client.infer import infer
-    from lab_backends.digits.data import load_split
-    from lab_backends.errors import ModelConfigError
-    from lab_backends.server.repository import ModelConfig, config_text, parse_config, read_config
-    from lab_backends.server.triton_server import TritonServer
-
     given = read_config(MODEL_REPOSITORY / "digits_ensemble")
     config = answer(given)
     if isinstance(config, str):

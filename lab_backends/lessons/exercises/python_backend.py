@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ast
+import tempfile
 
 import numpy as np
 
-from lab_backends.errors import ExerciseError
+from lab_backends.digits.data import load_split, normalize
+from lab_backends.errors import ExerciseError, ModelConfigError
+from lab_backends.lessons import authoring
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 PREPROCESS_MODEL = "learner_preprocess"
 
@@ -44,13 +48,6 @@ def _execute_not_written(source: str) -> bool:
 )
 def _check_preprocess_backend(answer: str | None, server: RunningServer | None) -> str:
     """Serve the learner's source on a server of our own: a broken model must not hurt theirs."""
-    import tempfile
-
-    from lab_backends.digits.data import load_split, normalize
-    from lab_backends.errors import ModelConfigError
-    from lab_backends.lessons import authoring
-    from lab_backends.server.triton_server import TritonServer
-
     if answer is None:
         raise NotImplementedError
     if not isinstance(answer, str):

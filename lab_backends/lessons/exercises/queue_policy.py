@@ -28,9 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.lessons.exercises.overrides import learner_batcher
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.measure import stats as _stats
+from lab_backends.server.config_changes import derive_config
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
+from lab_backends.server.warmup import with_warmup
 
 MODEL = "scheduler_probe"
 BURST = 48
@@ -58,10 +64,6 @@ EXPIRED = "Request timeout expired"
 )
 def _check_queue_holds_one_batch(answer: Any, server: RunningServer | None) -> str:
     """Reload the probe with the learner's policy on ``server``, send the burst, restore the model."""
-    from lab_backends.measure import stats as _stats
-    from lab_backends.server.triton_server import TritonServer
-    from lab_backends.server.warmup import with_warmup
-
     if answer is None:
         raise NotImplementedError("set my_policy to your override (a dict or a function) and run the check again")
     with contextlib.ExitStack() as stack:
@@ -84,8 +86,6 @@ def _check_queue_holds_one_batch(answer: Any, server: RunningServer | None) -> s
 
 def burst_base(live: Any) -> Any:
     """The config every answer starts from: one instance, batches of 16, 200 ms each, a batcher with no policy."""
-    from lab_backends.server.config_changes import derive_config
-
     return derive_config(live, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": BATCH,
                                 "parameters": {"fixed_ms": {"string_value": str(FIXED_MS)}},
                                 "dynamic_batching": {}})
@@ -93,8 +93,6 @@ def burst_base(live: Any) -> Any:
 
 def policy_config(base: Any, answer: Any) -> Any:
     """``base`` with the learner's override; refused when it changes anything but the queue policy."""
-    from lab_backends.lessons.exercises.overrides import learner_batcher
-
     tuned = learner_batcher(base, answer, "the config has no dynamic_batching: the queue policy lives inside it "
                             "({'dynamic_batching': {'default_queue_policy': {...}}})")
     changed = [f.name for f in _differing(_without_policy(base), _without_policy(tuned))]
@@ -149,8 +147,6 @@ def burst_policy(batching: Any) -> tuple[str, Any]:
 
 def burst(server: Any, n: int, deadline_s: float = 60.0) -> list[dict[str, Any]]:
     """Send ``n`` requests at once, request *i* carrying its own values; each row: ok, error, echoed, batch, done_s."""
-    from lab_backends.client.infer import make_inputs
-
     rng = np.random.default_rng()
     sent = [rng.integers(-1000, 1000, size=(1, 4)).astype(np.float32) for _ in range(n)]
     rows: list[dict[str, Any]] = [{} for _ in range(n)]

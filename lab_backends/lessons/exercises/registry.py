@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 SOLUTIONS_DIR = PROJECT_ROOT / "notebooks" / "solutions"
 
@@ -134,8 +135,6 @@ def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bo
 @contextlib.contextmanager
 def started_for(ex: Exercise) -> Iterator[RunningServer]:
     """A server of our own with ``ex.models`` (local and traced, one file part per request, if ``ex.traced``)."""
-    from lab_backends.server.triton_server import TritonServer
-
     with contextlib.ExitStack() as stack:
         traced: dict[str, Any] = {}
         if ex.traced:  # a trace file is ours to read only on a local server

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import numpy as np
 
+from lab_backends.client import sequences
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.measure import stats as _stats
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 
 @exercise(
@@ -28,12 +32,6 @@ from lab_backends.server.running import RunningServer
 )
 def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: RunningServer | None) -> str:
     """Random IDs and values each time, so a hard-coded answer cannot pass."""
-    import contextlib
-
-    from lab_backends.client import sequences
-    from lab_backends.measure import stats as _stats
-    from lab_backends.server.triton_server import TritonServer
-
     rng = np.random.default_rng()
     corrids = [int(c) for c in rng.choice(np.arange(10_000, 1_000_000), size=3, replace=False)]
     task = {c: [float(v) for v in rng.integers(-50, 50, size=n)] for c, n in zip(corrids, (4, 6, 3))}

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from lab_backends.client.infer import make_inputs
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.measure import trace
 from lab_backends.server.running import RunningServer
+from lab_backends.server.triton_server import TritonServer
 
 
 @exercise(
@@ -25,14 +31,6 @@ from lab_backends.server.running import RunningServer
     traced=True,
 )
 def _check_longest_queue(answer: Callable[[Any], str], server: RunningServer | None) -> str:
-    import contextlib
-    import tempfile
-    import uuid
-
-    from lab_backends.client.infer import make_inputs
-    from lab_backends.measure import trace
-    from lab_backends.server.triton_server import TritonServer
-
     with contextlib.ExitStack() as stack:
         if server is None or server.trace_file is None or server.target != "local":
             # A server of our own, traced: the checker must read the trace file it writes.

@@ -17,8 +17,9 @@ import re
 from typing import Any, Iterable
 
 import pandas as pd
+from tritonclient.grpc import model_config_pb2 as mc
 
-from lab_backends.measure.trace import TraceLog
+from lab_backends.measure.trace import EXTRA_STAGES, STAGES, TraceLog
 
 EXECUTION_COLUMNS = [
     "model",
@@ -116,7 +117,6 @@ def instance_of(config: Any) -> str:
         return "none: an ensemble runs no code of its own (its steps ran in their own instances, below)"
     if count == 1:
         kind = config.instance_group[0].kind if len(config.instance_group) else 0
-        from tritonclient.grpc import model_config_pb2 as mc
 
         kind_name = mc.ModelInstanceGroup.Kind.Name(kind)
         return f"{_only_instance(config)} ({kind_name}), the only instance its config declares"
@@ -138,8 +138,6 @@ def stages_in_order(log: TraceLog, request_id: str) -> bool:
     Starts, not ends, are compared: Triton may begin sending the response (``send``) while the
     backend is still finishing ``output``, so the last two can overlap by design.
     """
-    from lab_backends.measure.trace import EXTRA_STAGES, STAGES
-
     root = log.request(request_id)
     own = log.stages[log.stages["trace_id"] == int(root["trace_id"])]
     rank = {s: i for i, s in enumerate((*STAGES[:2], *EXTRA_STAGES, *STAGES[2:]))}

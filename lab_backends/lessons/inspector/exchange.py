@@ -10,14 +10,18 @@ answers (logits, probabilities, or a pipeline's top 3).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
+from lab_backends import rest
 from lab_backends.client import protocol as wire_protocol
 from lab_backends.digits.data import MAX_PIXEL, NUM_CLASSES, normalize
 from lab_backends.errors import ProtocolError
+from lab_backends.server.repository import config_from_json
 
 
 def live_config(server: Any, model: str) -> Any:
@@ -27,11 +31,6 @@ def live_config(server: Any, model: str) -> Any:
     fails ("Cannot switch to a different thread") when a widget's button callback runs on another
     thread than the cell that created the client, as ipykernel does.
     """
-    import json
-
-    from lab_backends import rest
-    from lab_backends.server.repository import config_from_json
-
     status, body = rest.request(f"http://{server.http_url}/v2/models/{model}/config",
                                 headers=server.admin_headers, timeout=10)
     if status != 200:
@@ -68,7 +67,6 @@ def fit_input(config: Any, image: np.ndarray) -> InputFit:
     spec = config.input[0]
     dims = [int(d) for d in spec.dims]
     batched = config.max_batch_size > 0
-    from tritonclient.grpc import model_config_pb2 as mc
 
     kind = mc.DataType.Name(spec.data_type)
     if kind == "TYPE_UINT8" and dims == [8, 8]:

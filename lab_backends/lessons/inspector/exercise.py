@@ -18,8 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lab_backends.errors import ExerciseError, LabBackendsError
+from lab_backends.lessons.exercises.overrides import learner_batcher
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.config_changes import derive_config
+from lab_backends.server.repository import read_config
+from lab_backends.server.triton_server import TritonServer
+from lab_backends.server.warmup import with_warmup
+
+from .core import inspect
+from .pad import GRID, SEVEN, stroke
 
 MODEL = "digits_onnx"
 BURST = 16
@@ -27,9 +38,6 @@ TARGET = 8
 
 
 def _checked_config(live: Any, answer: Any) -> Any:
-    from lab_backends.lessons.exercises.overrides import learner_batcher
-    from lab_backends.server.config_changes import derive_config
-
     unbatched = derive_config(live, {"dynamic_batching": None})
     tuned = learner_batcher(
         unbatched, answer, "the config has no dynamic_batching: the default scheduler runs every request alone"
@@ -68,10 +76,6 @@ def _why_small(tuned: Any, size: int) -> str:
 
 
 def _drawing(drawing: Any) -> Any:
-    import numpy as np
-
-    from .pad import GRID, SEVEN, stroke
-
     if drawing is None:
         return stroke(SEVEN)
     image = np.asarray(drawing)
@@ -97,13 +101,6 @@ def _drawing(drawing: Any) -> Any:
 )
 def check_batch_of_eight(answer: Any, server: Any = None, drawing: Any = None) -> str:
     """``drawing``: the learner's pad image (``panel.pad.image``); a drawn 7 when not given."""
-    from lab_backends.paths import MODEL_REPOSITORY
-    from lab_backends.server.repository import read_config
-    from lab_backends.server.triton_server import TritonServer
-    from lab_backends.server.warmup import with_warmup
-
-    from .core import inspect
-
     del server  # a broken config must not hurt the learner's server: the checker uses its own
     if answer is None:
         raise NotImplementedError

@@ -2,6 +2,8 @@
 
 Separate from the widget so that a notebook can draw the same figures for an :class:`Inspection`
 without a panel, and so that both render to PNG bytes for an ``ipywidgets.Image``.
+
+Deferred import: matplotlib (~1 s), only when a figure is drawn.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ exactly what a model trained on scikit-learn's digits expects. The brush paints 
 its four neighbours to 8: strokes then look like the data set's blurry 4x4-block counts rather than
 hard pixels, and the models read them as digits. The pure helpers (:func:`cell_at`, :func:`paint`)
 carry the logic and are unit-tested; the widget only forwards mouse events to them.
+
+Deferred imports: ipywidgets and ipycanvas (~0.3 s each), only when a :class:`DigitPad` is built; the
+pure helpers also serve the headless exercise audit and the tests.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lab_backends.digits.data import MAX_PIXEL
+from lab_backends.digits.data import MAX_PIXEL, load_split
 
 GRID = 8
 #: Screen pixels per cell: big enough to draw with a mouse.
@@ -55,8 +58,6 @@ class DigitPad:
     def __init__(self, examples: int = 30) -> None:
         import ipywidgets as w
         from ipycanvas import Canvas
-
-        from lab_backends.digits.data import load_split
 
         split = load_split()
         self.examples, self.labels = split.test_images[:examples], split.test_labels[:examples]

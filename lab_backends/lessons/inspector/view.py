@@ -8,21 +8,26 @@ red line; the full text stays in :attr:`RequestInspector.error` and the panel st
 :class:`lab_backends.lessons.widgets.BatchingPanel`. An error also takes the previous send's figures
 and tables away (nothing stale beside the red line), and until a send succeeds the two picture slots
 hold a line of text, never an empty ``Image`` (which a browser draws as a broken-image icon).
+
+Deferred import: ipywidgets (~0.3 s), only when a view is built in a notebook.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import traceback
 from typing import Any
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
+from lab_backends import rest
 from lab_backends.errors import LabBackendsError
 
 from . import core, figures
 from .evidence import ensemble_batch_note, shared_text, window_table
-from .exchange import PROTOCOLS
+from .exchange import PROTOCOLS, fit_input, live_config
 from .pad import DigitPad
 
 #: Models offered by default: every digits model whose input a drawing fills.
@@ -90,12 +95,6 @@ class RequestInspector:
         The repository index is a restricted API (the admin key is sent); each candidate's live
         config decides, through the same :func:`~.wire.fit_input` that builds the request.
         """
-        import json
-
-        from lab_backends import rest
-
-        from .exchange import fit_input, live_config
-
         status, body = rest.request(f"http://{self.server.http_url}/v2/repository/index", method="POST",
                                     body=b"{}", headers=self.server.admin_headers, timeout=10)
         ready = sorted(e["name"] for e in json.loads(body) if e.get("state") == "READY") if status == 200 else []
@@ -132,8 +131,6 @@ class RequestInspector:
 
     def send(self, burst: int = 1) -> core.Inspection | None:
         """Send the pad's digit (``burst`` copies at once) and show what the server did with it."""
-        from tritonclient.utils import InferenceServerException
-
         self.error = ""
         self.send_button.disabled = self.burst_button.disabled = True
         try:

@@ -6,6 +6,8 @@ import json
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2, service_pb2
+from tritonclient.utils import triton_to_np_dtype
 
 from lab_backends.client.wire import tensor_bytes, triton_dtype
 
@@ -15,9 +17,6 @@ def example_inputs(config: Any, batch: int = 1, seed: int = 0) -> dict[str, np.n
 
     Integer inputs draw from 0..16 so that the digits models' ``IMAGE`` (values 0..16) is valid.
     """
-    from tritonclient.grpc import model_config_pb2
-    from tritonclient.utils import triton_to_np_dtype
-
     rng = np.random.default_rng(seed)
     arrays = {}
     for tensor in config.input:
@@ -43,8 +42,6 @@ def grpc_request_bytes(
     model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None, version: str = ""
 ) -> bytes:
     """A serialized ``ModelInferRequest`` with raw tensor contents, built once and resent as-is."""
-    from tritonclient.grpc import service_pb2
-
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for name, array in inputs.items():
         datatype, raw = triton_dtype(array), tensor_bytes(array)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import grpc
 import numpy as np
+import tritonclient.grpc.aio as aioclient
+from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
@@ -28,8 +31,6 @@ class _GrpcSender:
         self.url, self.body, self.timeout_s = url, body, timeout_s
 
     async def open(self) -> None:
-        import grpc
-
         self._grpc = grpc
         self.channel = grpc.aio.insecure_channel(
             self.url, options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -54,14 +55,10 @@ class _TritonclientGrpcSender:
         self.url, self.model, self.inputs, self.timeout_s = url, model, inputs, timeout_s
 
     async def open(self) -> None:
-        import tritonclient.grpc.aio as aioclient
-
         self._module = aioclient
         self.client = aioclient.InferenceServerClient(self.url)
 
     async def send(self) -> str:
-        from tritonclient.utils import InferenceServerException
-
         tensors = []
         for name, array in self.inputs.items():
             tensor = self._module.InferInput(name, list(array.shape), triton_dtype(array))
