@@ -43,6 +43,7 @@ DEFERRABLE: dict[str, str] = {
     "torch": "1-6 s to import; only training, export and the in-process reference answers run it",
     "sklearn": "~3 s to import; only training and loading the digits split need it",
     "onnxruntime": "~0.1 s and a native runtime; only the in-process reference answers run it",
+    "tensorflow": "3-11 s and ~700 MB to import; only the SavedModel export and its offline check run it",
     "matplotlib": "~1 s to import; only drawing a figure needs it",
     "pandas": "~0.4 s to import: `lab-backends --help` (the server layer, the CLI) does without it",
     "ipywidgets": "~0.3 s; only a widget built in a notebook needs it, the same modules serve headless audits",

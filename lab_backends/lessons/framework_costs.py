@@ -21,6 +21,7 @@ import time
 from typing import Sequence
 
 import pandas as pd
+import psutil
 
 from lab_backends.errors import LabBackendsError
 from lab_backends.lessons import frameworks
@@ -39,8 +40,6 @@ def stub_footprint(server: RunningServer, models: Sequence[str]) -> pd.DataFrame
 
     The model of a stub is the folder of the ``model.py`` on its command line (``<model>/<version>/model.py``).
     """
-    import psutil
-
     rows = {m: {"instances": 0, "rss_mb_per_instance": math.nan, "threads_per_instance": math.nan} for m in models}
     try:
         live = health.stubs(server)
