@@ -9,6 +9,7 @@ Sub-commands:
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
   bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
+  class         a class on one machine: ``add-learners``, ``start``, ``stop``, ``measure`` (``make class``)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
                 wrong and alternative answers (one line per exercise; ``make test`` runs it)
 """
@@ -40,7 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     from lab_backends.server.triton_server import TritonServer
 
     signal.signal(signal.SIGTERM, _raise_stop)
-    admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis)
+    admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
     server = TritonServer(
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
@@ -154,8 +155,7 @@ def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the CLI dies, even by SIGKILL (Linux prctl)."""
     import ctypes
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _lab(args: argparse.Namespace) -> int:
@@ -247,6 +247,7 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lab_backends.classroom.command import add_class_parser
     from lab_backends.client.with_key import WITH_KEY_DESCRIPTION
     from lab_backends.server.admin import SERVE_DESCRIPTION
 
@@ -275,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--open-admin-apis", action="store_true",
         help="no admin key at all: anyone who can reach the ports can load models (runs code); prints a warning"
     )
+    serve.add_argument("--restricted-apis", metavar="A,B", help="APIs behind the key (default all; class: no stats)")
     serve.set_defaults(func=_serve)
 
     with_key = sub.add_parser(
@@ -327,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
     exercises.add_argument("--jobs", type=int, default=1, help="worker processes (make test uses 2)")
     exercises.set_defaults(func=_exercises)
+    add_class_parser(sub)
     return parser
 
 
