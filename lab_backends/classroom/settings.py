@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lab_backends.paths import BUILD_DIR, PROJECT_ROOT
+from lab_backends.server.admin import CLASS_RESTRICTED  # noqa: F401 - the class's restricted APIs, named here too
 
 #: The models the lessons that use a shared server need: 01 (cost_model, echo), 05, 08.
 CLASS_MODELS = ("cost_model", "echo", "digits_onnx", "digits_torch", "stream_topk", "running_mean")
-#: As deploy/triton: the admin key guards these; statistics stay open so lessons can read counts.
-CLASS_RESTRICTED = ("model-repository", "trace", "shared-memory", "logging")
 #: configurable-http-proxy, pinned: 5.2.0 is the newest whose dependencies run on Node 20
 #: (5.3.0 pulls commander 15, which asks for Node >= 22.12).
 PROXY_VERSION = "5.2.0"

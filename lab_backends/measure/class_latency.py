@@ -41,7 +41,7 @@ def _pcts(values_ms: list[float]) -> dict[str, float]:
 
 def measure(learner_counts: Sequence[int], notebooks: Sequence[str], out: Path | None = None) -> dict[str, Any]:
     """Measured and predicted latency for each learner count; written to ``out`` as JSON."""
-    from lab_backends.classroom.settings import CLASS_RESTRICTED
+    from lab_backends.server.admin import CLASS_RESTRICTED
     from lab_backends.server.triton_server import TritonServer
 
     footprint = class_plan.load_footprint()

@@ -82,6 +82,11 @@ def write_key_file(path: str | Path, key: str) -> Path:
     return path
 
 
+#: What a class's shared server keeps behind the key (deploy/triton and ``make class``): statistics stay open,
+#: so learners' lessons can read counts; model-repository (uploads and runs code) never does.
+CLASS_RESTRICTED = ("model-repository", "trace", "shared-memory", "logging")
+
+
 def restricted_list(text: str | None) -> tuple[str, ...] | None:
     """``serve --restricted-apis model-repository,trace`` -> the APIs behind the key (``None``: all of them).
 
