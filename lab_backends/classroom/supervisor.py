@@ -160,6 +160,7 @@ def supervise(running: Running, settings: ClassSettings, say: Callable[[str], No
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop_requested)
+    signal.signal(signal.SIGINT, _stop_requested)  # also when started in the background, where SIGINT comes ignored
     code = 0
     try:
         say("the class runs; Ctrl-C here or `make class-stop` stops everything it started")
@@ -172,7 +173,8 @@ def supervise(running: Running, settings: ClassSettings, say: Callable[[str], No
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM or Ctrl-C must not cut the stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         stop(running, settings, say)
     return code
 
