@@ -5,8 +5,10 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# pip extras: the goals that run pytest (test, flake) install the `test` extra too (pytest, nbval, ruff, ...).
-EXTRAS ?= $(if $(filter test flake,$(MAKECMDGOALS)),test)
+# pip extras: the goals that run pytest (test, flake) install the `test` extra too (pytest, nbval, ruff, ...),
+# and the `class` extra (JupyterHub), which tests/class and `make class` need.
+EXTRAS ?= $(if $(filter test flake,$(MAKECMDGOALS)),test$(comma)class,$(if $(filter class,$(MAKECMDGOALS)),class))
+comma  := ,
 # PyTorch's wheel index, given to pip as an extra index (empty by default: on the CI machine pip finds the
 # CPU wheel on its disk). On your own Linux machine the public torch==2.13.0 is the CUDA build with its
 # nvidia-* wheels (several GB); for the CPU build, on a fresh .venv:
@@ -14,7 +16,7 @@ EXTRAS ?= $(if $(filter test flake,$(MAKECMDGOALS)),test)
 TORCH_INDEX_URL ?=
 STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(EXTRAS))-stamp
 
-.PHONY: setup lab test bench clean-build browser-deps book flake
+.PHONY: setup lab test bench clean-build browser-deps book flake class class-deps class-stop
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +52,24 @@ browser-deps:
 	|| { reason "apt-get could not install chromium (see $$log): $$(tail -n 3 $$log | tr '\n' ' ')"; exit 0; }; \
 	[ -x $(CHROMIUM_BIN) ] || reason "chromium was installed but $(CHROMIUM_BIN) is still missing"
 
-test: setup browser-deps
+# A class on one machine (README "For instructors"; lab_backends/classroom/): the hub's proxy, pinned,
+# installed with npm under build/class-proxy (nothing global). Idempotent.
+CLASS_PROXY := build/class-proxy/node_modules/.bin/configurable-http-proxy
+CLASS_PROXY_VERSION := 5.2.0
+class-deps:
+	@test -x $(CLASS_PROXY) && $(CLASS_PROXY) --version | grep -qx $(CLASS_PROXY_VERSION) || \
+	npm install --prefix build/class-proxy --no-audit --no-fund --loglevel=error configurable-http-proxy@$(CLASS_PROXY_VERSION)
+
+# Set-up, JupyterHub and the proxy, then the class in the foreground (root: it spawns each learner as
+# themselves). Ctrl-C, or `make class-stop` from another terminal, stops everything it started.
+CLASS_ARGS ?=
+class: setup class-deps
+	$(VENV)/bin/lab-backends class start $(CLASS_ARGS)
+
+class-stop:
+	$(VENV)/bin/lab-backends class stop
+
+test: setup browser-deps class-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests
 	$(VENV)/bin/lab-backends exercises audit --jobs 2

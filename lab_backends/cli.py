@@ -9,6 +9,7 @@ Sub-commands:
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
   bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
+  class         a class on one machine: ``add-learners``, ``start``, ``stop``, ``measure`` (``make class``)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
                 wrong and alternative answers (one line per exercise; ``make test`` runs it)
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from lab_backends import digits
+from lab_backends.classroom.command import add_class_parser
 from lab_backends.client.with_key import WITH_KEY_DESCRIPTION, command_line, environment
 from lab_backends.errors import LabBackendsError
 from lab_backends.measure import class_plan
@@ -48,7 +50,7 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
-    admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis)
+    admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
     server = TritonServer(
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
@@ -258,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--open-admin-apis", action="store_true",
         help="no admin key at all: anyone who can reach the ports can load models (runs code); prints a warning"
     )
+    serve.add_argument("--restricted-apis", metavar="A,B", help="APIs behind the key (default all; class: no stats)")
     serve.set_defaults(func=_serve)
 
     with_key = sub.add_parser(
@@ -310,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
     exercises.add_argument("--jobs", type=int, default=1, help="worker processes (make test uses 2)")
     exercises.set_defaults(func=_exercises)
+    add_class_parser(sub)
     return parser
 
 

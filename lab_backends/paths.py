@@ -26,5 +26,6 @@ BUILD_DIR = Path(os.environ.get("LAB_BUILD_DIR", PROJECT_ROOT / "build"))
 #: The backend directory handed to ``--backend-directory``: the Python backend plus C backends.
 BACKEND_DIR = BUILD_DIR / "backends"
 
-#: Per-server working folders (logs, trace files).
-RUNS_DIR = BUILD_DIR / "runs"
+#: Per-server working folders (logs, trace files). ``LAB_RUNS_DIR`` moves them alone: a learner of a
+#: class (``lab-backends class``) shares the instructor's read-only build/ but writes runs in their home.
+RUNS_DIR = Path(os.environ.get("LAB_RUNS_DIR", BUILD_DIR / "runs"))

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("client", {"client"}),
     ("measure", {"measure"}),
     ("lessons", {"lessons"}),
+    ("classroom", {"classroom"}),
     ("entry", {"cli", "book", "__init__"}),
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}

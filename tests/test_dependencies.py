@@ -59,6 +59,9 @@ def _normalize(requirement: str) -> str:
 
 CORE = PYPROJECT["project"]["dependencies"]
 TEST_EXTRA = PYPROJECT["project"].get("optional-dependencies", {}).get("test", [])
+#: `make class` (and `make test`, for tests/class) installs it: JupyterHub, imported by lab_backends/classroom/ only.
+CLASS_EXTRA = PYPROJECT["project"].get("optional-dependencies", {}).get("class", [])
+CLASS_SIDE = "lab_backends/classroom/"
 
 
 def _project_files() -> list[Path]:
@@ -97,7 +100,8 @@ def _imports(path: Path) -> set[str]:
 
 def _is_local(top: str, path: Path) -> bool:
     """The project's own modules: the package, `tests`, and a script's or test's sibling modules."""
-    return any((folder / top).is_dir() or (folder / f"{top}.py").is_file() for folder in (ROOT, path.parent))
+    return any((folder / top).is_dir() or (folder / f"{top}.py").is_file()
+               for folder in (ROOT, ROOT / "tests", path.parent))
 
 
 def _import_key(module: str) -> str:
@@ -153,6 +157,7 @@ def test_the_scan_sees_the_project() -> None:
 def test_every_third_party_import_is_declared() -> None:
     core = {_requirement_name(r) for r in CORE}
     test = {_requirement_name(r) for r in TEST_EXTRA}
+    hub = {_requirement_name(r) for r in CLASS_EXTRA}
     problems = []
     for key, files in sorted(third_party_imports().items()):
         if key in NOT_FROM_PIP:
@@ -162,6 +167,8 @@ def test_every_third_party_import_is_declared() -> None:
             problems.append(f"{key}: no installed distribution provides it (imported by {sorted(files)[:3]})")
             continue
         runtime = sorted(f for f in files if not _test_side(f))
+        if runtime and dist in hub and all(f.startswith(CLASS_SIDE) for f in runtime):
+            continue  # the class's hub side: installed by the `class` extra with JupyterHub
         if runtime and dist not in core:
             where = "only in the `test` extra" if dist in test else "nowhere"
             problems.append(f"{key} ({dist}): imported at run time by {runtime[:3]}, declared {where}; "
@@ -241,8 +248,9 @@ def _dry_run(*args: str) -> str:
 
 
 def test_make_test_installs_the_test_extra_and_make_lab_does_not() -> None:
-    assert "-e '.[test]'" in _dry_run("test")
-    assert "-e '.[test]'" in _dry_run("flake")
+    assert "-e '.[test,class]'" in _dry_run("test")  # tests/class need JupyterHub
+    assert "-e '.[test,class]'" in _dry_run("flake")
+    assert "-e '.[class]'" in _dry_run("class")
     lab = _dry_run("lab")
     assert "-e '.'" in lab and "[test]" not in lab and "--extra-index-url" not in lab
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lab_backends.errors import LabBackendsError
-from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX
+from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
 
 SERVE_DESCRIPTION = """\
 Run the embedded tritonserver (2.51) in the foreground until Ctrl-C or SIGTERM, on 127.0.0.1.
@@ -82,8 +82,33 @@ def write_key_file(path: str | Path, key: str) -> Path:
     return path
 
 
+#: What a class's shared server keeps behind the key (deploy/triton and ``make class``): statistics stay open,
+#: so learners' lessons can read counts; model-repository (uploads and runs code) never does.
+CLASS_RESTRICTED = ("model-repository", "trace", "shared-memory", "logging")
+
+
+def restricted_list(text: str | None) -> tuple[str, ...] | None:
+    """``serve --restricted-apis model-repository,trace`` -> the APIs behind the key (``None``: all of them).
+
+    A class server keeps ``statistics`` open, as deploy/triton does: learners' lessons read counts.
+    ``model-repository`` (uploads and runs code) must stay behind the key.
+    """
+    if text is None:
+        return None
+    apis = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = sorted(set(apis) - set(RESTRICTED_APIS))
+    if unknown:
+        raise LabBackendsError(f"--restricted-apis: unknown API {', '.join(unknown)}; "
+                               f"choose from {','.join(RESTRICTED_APIS)}")
+    if "model-repository" not in apis:
+        raise LabBackendsError("--restricted-apis must keep model-repository (its load API runs uploaded code); "
+                               "use --open-admin-apis to lift every restriction on purpose")
+    return apis
+
+
 def serve_options(
-    key_file: str | Path | None, open_apis: bool, environ: Mapping[str, str] = os.environ
+    key_file: str | Path | None, open_apis: bool, environ: Mapping[str, str] = os.environ,
+    restricted: str | None = None,
 ) -> dict[str, Any]:
     """``TritonServer`` keyword arguments for the admin choices of ``serve``."""
     if open_apis and key_file:
@@ -93,4 +118,5 @@ def serve_options(
     key = environ.get("TRITON_ADMIN_KEY") or secrets.token_urlsafe(24)
     if len(key) < 16:
         raise LabBackendsError("TRITON_ADMIN_KEY is shorter than 16 characters: use a long random value")
-    return {"admin_key": key}
+    apis = restricted_list(restricted)
+    return {"admin_key": key} if apis is None else {"admin_key": key, "restricted_apis": apis}

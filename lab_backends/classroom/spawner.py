@@ -1,0 +1,143 @@
+"""Each learner's JupyterLab as that learner, in a PID namespace of its own: why the admin key stays hidden.
+
+Triton 2.51 takes its admin key only as a command-line flag (platform notes), and any local user
+can read any process's command line in ``/proc/<pid>/cmdline``. JupyterHub's
+``LocalProcessSpawner`` runs a learner's server as the learner, but on the machine's ``/proc``:
+one ``cat /proc/*/cmdline`` in a notebook cell would print the key, and with it the
+model-repository API (upload a ``model.py``, run it as the server's user).
+
+So this spawner starts, as root, ``unshare --pid --fork --mount-proc --kill-child=SIGTERM`` (a new
+PID namespace with its own ``/proc``, mounted in a private mount namespace: the machine's ``/proc``
+is never remounted), and inside it drops to the learner with ``setpriv --reuid --regid
+--init-groups --no-new-privs`` before ``jupyterhub-singleuser`` starts. Everything the learner
+runs (kernels, terminals, their own embedded Triton) is a descendant of that server: they see only
+their own processes, and a set-uid program cannot give them more. The key file is root's (0600),
+and neither the hub's nor the learner's environment carries the key.
+
+Signals: ``unshare`` blocks SIGINT and SIGTERM while it waits for its child, so the hub's stop
+signals go to the namespace's first process (the single-user server); SIGKILL goes to both. When
+that process exits, the kernel kills whatever is left in its namespace: no orphans.
+
+On first start the course notebooks are copied into ``~/notebooks`` (owned by the learner).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Unicode
+
+#: What is copied into a learner's home: the lessons and their exercises, not the test hooks.
+_NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pycache__")
+
+
+#: Run as root inside the new mount namespace, before dropping to the learner: when the interpreter
+#: lives in a folder learners cannot enter (pyenv under /root, mode 0700), a tmpfs (0711) hides that
+#: folder in *this namespace only*, and the interpreter's prefix is bound back at its own path.
+_EXPOSE = """set -e
+base=$1 hidden=$2; shift 2
+if [ -n "$hidden" ]; then
+  mount -t tmpfs -o size=1m,mode=0755 lab-class /mnt && mkdir /mnt/python && mount --bind "$base" /mnt/python
+  mount -t tmpfs -o size=1m,mode=0711 lab-class "$hidden" && mkdir -p "$base" && mount --bind /mnt/python "$base"
+fi
+exec "$@"
+"""
+
+
+def hidden_interpreter(prefix: str = sys.base_prefix) -> tuple[str, str]:
+    """(the interpreter's real prefix, its first ancestor that others cannot enter) or (prefix, "")."""
+    base = Path(os.path.realpath(prefix))
+    for parent in reversed(base.parents):
+        if parent != Path("/") and not parent.stat().st_mode & 0o001:
+            return str(base), str(parent)
+    return str(base), ""
+
+
+def namespace_command(user: str, command: list[str]) -> list[str]:
+    """``command`` run as ``user`` inside a new PID namespace with its own ``/proc`` (started as root)."""
+    base, hidden = hidden_interpreter()
+    return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", "--",
+            "sh", "-c", _EXPOSE, "sh", base, hidden,
+            "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
+            "--inh-caps=-all", "--no-new-privs", "--", *command]
+
+
+def copy_course(source: Path, home: Path, user: str) -> Path | None:
+    """``source`` copied to ``home/notebooks`` owned by ``user``, once; ``None`` when it was there."""
+    target = home / "notebooks"
+    if target.exists():
+        return None
+    entry = pwd.getpwnam(user)
+    shutil.copytree(source, target, ignore=_NOT_COPIED)
+    for path in [target, *target.rglob("*")]:
+        os.lchown(path, entry.pw_uid, entry.pw_gid)
+    return target
+
+
+def in_group(user: str, group: str) -> bool:
+    """Whether ``user`` belongs to ``group`` (as a member, or as its primary group)."""
+    try:
+        entry, members = pwd.getpwnam(user), grp.getgrnam(group)
+    except KeyError:
+        return False
+    return user in members.gr_mem or entry.pw_gid == members.gr_gid
+
+
+class NamespaceSpawner(LocalProcessSpawner):
+    """``LocalProcessSpawner`` whose server runs in its own PID namespace, as the learner (see module doc)."""
+
+    class_group = Unicode("lab-class", config=True, help="only members of this Unix group get a server")
+    course_dir = Unicode("", config=True, help="copied into ~/notebooks on a learner's first start")
+
+    def make_preexec_fn(self, name):
+        """Stay root in the child: ``unshare`` needs it, and ``setpriv`` drops to the learner after."""
+        return None
+
+    def user_env(self, env: dict) -> dict:
+        env = super().user_env(env)
+        env["SHELL"] = "/bin/bash"  # the account's login shell is nologin: the hub is the only way in
+        env["LAB_RUNS_DIR"] = str(Path(env["HOME"]) / ".lab-backends" / "runs")  # their own Triton's runs
+        return env
+
+    async def start(self):
+        name = self.user.name
+        if not in_group(name, self.class_group):
+            raise RuntimeError(f"{name} is not a learner of this class (Unix group {self.class_group}): "
+                               f"add them with `lab-backends class add-learners ROSTER`")
+        home = Path(pwd.getpwnam(name).pw_dir)
+        if self.course_dir and copy_course(Path(self.course_dir), home, name):
+            self.log.info("copied the course notebooks into %s/notebooks", home)
+        self.popen_kwargs = {**self.popen_kwargs, "cwd": str(home)}
+        plain = list(self.cmd)
+        self.cmd = namespace_command(name, plain)
+        try:
+            return await super().start()
+        finally:
+            self.cmd = plain
+
+    def namespace_init(self) -> int | None:
+        """The host PID of the namespace's first process (the single-user server), if it runs."""
+        try:
+            kids = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        return kids[0].pid if kids else None
+
+    async def _signal(self, sig: int) -> bool:
+        if sig == 0 or not self.pid:
+            return await super()._signal(sig)
+        init = self.namespace_init()
+        for pid in ([init] if init else []) + ([self.pid] if sig == signal.SIGKILL or not init else []):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return await super()._signal(0)

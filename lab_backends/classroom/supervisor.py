@@ -1,0 +1,267 @@
+"""Start a class on one machine, keep it up, and stop everything it started, by PID (``class start|stop``).
+
+Why a supervisor of our own: ``make class`` must leave nothing behind after Ctrl-C or
+``make class-stop``, on a machine where other people run things too. So nothing is stopped by name:
+the supervisor starts two children, each in its own session, and remembers their PIDs:
+
+1. ``lab-backends serve --restart`` (the shared Triton: its own watchdog stops tritonserver and
+   its stubs and removes their ``/dev/shm`` regions), with a fresh admin key written to a root-only
+   file and the APIs of deploy/triton restricted;
+2. ``jupyterhub`` (which starts configurable-http-proxy and, per learner, the namespaced servers).
+
+Stopping runs in the reverse order: the hub first (it stops every learner's server and the proxy
+itself), then Triton; whatever one of them left (a descendant seen while it ran, or a process of a
+learner's account) is killed by PID, and ``/dev/shm`` files owned by learners' accounts are
+removed. Both children also get SIGTERM if the supervisor itself dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from lab_backends import rest
+from lab_backends.classroom.roster import RosterError, kill_processes_of, require_root
+from lab_backends.classroom.settings import CLASS_RESTRICTED, PROXY_BIN, ClassSettings, hub_config, private_dir
+from lab_backends.errors import LabBackendsError
+from lab_backends.server.ports import port_is_free
+from lab_backends.server.processes import SHM_DIR
+
+PIDS_FILE = "pids.json"
+
+
+class ClassError(LabBackendsError):
+    """The class cannot start or stop; the message says why and what to do."""
+
+
+@dataclass
+class Running:
+    """The class's processes: the supervisor and its two children (their PIDs are what stop uses)."""
+
+    supervisor: int
+    triton: subprocess.Popen
+    hub: subprocess.Popen
+    seen: set[int]  #: every descendant seen while they ran: killed by PID if a child left it behind
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def preflight(settings: ClassSettings) -> None:
+    """One clear error per thing that would make the start fail half-way."""
+    require_root("class start")
+    ports = {"--hub-port": settings.hub_port, "hub API": settings.hub_api_port,
+             "proxy API": settings.proxy_api_port, **dict(zip(("Triton HTTP", "Triton gRPC", "Triton metrics"),
+                                                               settings.triton_ports))}
+    for what, port in ports.items():
+        if not port_is_free(port):
+            raise ClassError(f"port {port} ({what}) is taken on 127.0.0.1: stop what uses it "
+                             f"(`ss -ltnp 'sport = :{port}'` says what) or choose other ports (`class start --help`)")
+    if not PROXY_BIN.exists():
+        raise ClassError(f"configurable-http-proxy is not installed at {PROXY_BIN}: run `make class` (it installs it "
+                         "with npm under build/class-proxy)")
+    if shutil.which("jupyterhub", path=str(Path(sys.executable).parent)) is None:
+        raise ClassError("jupyterhub is not installed in this environment: run `make class` "
+                         "(pip install -e '.[class]')")
+    for tool in ("unshare", "setpriv"):
+        if shutil.which(tool) is None:
+            raise ClassError(f"{tool} is missing (util-linux): install it; each learner's server runs under it")
+    try:
+        grp.getgrnam(settings.group)
+    except KeyError:
+        raise RosterError(f"the class group {settings.group} does not exist: create the learners first "
+                          "(`lab-backends class add-learners roster.txt`)") from None
+
+
+def _wait(what: str, ready: Callable[[], bool], children: list[subprocess.Popen], logs: list[Path],
+          timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for child, log in zip(children, logs):
+            if child.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise ClassError(f"{what}: {Path(child.args[0]).name} exited ({child.returncode}); {log}:\n{tail}")
+        if time.monotonic() > deadline:
+            raise ClassError(f"{what}: not ready within {timeout_s:.0f} s (logs: {', '.join(map(str, logs))})")
+        time.sleep(0.25)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return rest.request(url, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def _spawn(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s: float = 300.0) -> Running:
+    """The shared Triton, then the hub; returns when both answer (or stops what it started and raises)."""
+    preflight(settings)
+    state = private_dir(settings.state_dir)
+    settings.settings_file.write_text(settings.to_json())
+    settings.config_file.write_text(hub_config(settings))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_ADMIN_KEY", "TRITON_URL", "JUPYTERHUB_API_TOKEN")}
+    bin_dir = Path(sys.executable).parent
+    http, grpc_port, metrics = settings.triton_ports
+    settings.key_file.unlink(missing_ok=True)
+    serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--http-port", str(http), "--grpc-port",
+             str(grpc_port), "--metrics-port", str(metrics), "--admin-key-file", str(settings.key_file),
+             "--restricted-apis", ",".join(CLASS_RESTRICTED), *[a for m in settings.models for a in ("--model", m)]]
+    triton = _spawn(serve, state / "triton.log", env, state)
+    hub = None
+    try:
+        _wait("the shared Triton", lambda: settings.key_file.exists() and _answers(
+            f"http://{settings.triton_http}/v2/health/ready"), [triton], [state / "triton.log"], timeout_s)
+        say(f"shared Triton ready: http://{settings.triton_http} (pid {triton.pid}; "
+            f"key in {settings.key_file}, root only)")
+        hub = _spawn([str(bin_dir / "jupyterhub"), "-f", str(settings.config_file)], state / "hub.log", env, state)
+        _wait("JupyterHub", lambda: _answers(f"{settings.hub_url}/hub/api/"), [hub, triton],
+              [state / "hub.log", state / "triton.log"], 120)
+    except BaseException:
+        stop(Running(os.getpid(), triton, hub or triton, set()), settings, say)
+        raise
+    running = Running(os.getpid(), triton, hub, set())
+    _remember(running)
+    (state / PIDS_FILE).write_text(json.dumps({"supervisor": os.getpid(), "triton": triton.pid, "hub": hub.pid}))
+    say(f"JupyterHub ready: {settings.hub_url}/ (pid {hub.pid}); learners log in with their Unix name and password")
+    return running
+
+
+def _remember(running: Running) -> None:
+    for child in (running.triton, running.hub):
+        try:
+            running.seen.update(p.pid for p in psutil.Process(child.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+
+
+def supervise(running: Running, settings: ClassSettings, say: Callable[[str], None] = print) -> int:
+    """Until Ctrl-C / SIGTERM (0) or a child's death (1); then everything stops."""
+    def _stop_requested(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop_requested)
+    signal.signal(signal.SIGINT, _stop_requested)  # also when started in the background, where SIGINT comes ignored
+    code = 0
+    try:
+        say("the class runs; Ctrl-C here or `make class-stop` stops everything it started")
+        while running.triton.poll() is None and running.hub.poll() is None:
+            _remember(running)
+            time.sleep(1.0)
+        died = "the shared Triton (lab-backends serve)" if running.triton.poll() is not None else "JupyterHub"
+        say(f"{died} exited; stopping the class (logs in {settings.state_dir})")
+        code = 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM or Ctrl-C must not cut the stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop(running, settings, say)
+    return code
+
+
+def _stop_child(child: subprocess.Popen, grace_s: float) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(timeout=10)
+
+
+def learner_uids(group: str) -> list[int]:
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        return []
+    uids = []
+    for name in entry.gr_mem:
+        try:
+            uids.append(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            continue
+    return uids
+
+
+def stop(running: Running, settings: ClassSettings, say: Callable[[str], None] = print) -> None:
+    """Hub (learners' servers, proxy) first, then Triton; leftovers killed by PID; learners' shm removed."""
+    _remember(running)
+    t0 = time.monotonic()
+    _stop_child(running.hub, 60.0)
+    say(f"JupyterHub stopped ({time.monotonic() - t0:.1f} s): learners' servers and the proxy with it")
+    for uid in learner_uids(settings.group):
+        if kill_processes_of(uid):
+            say(f"killed what the hub left of uid {uid}'s processes")
+    _stop_child(running.triton, 40.0)
+    say(f"the shared Triton stopped ({time.monotonic() - t0:.1f} s)")
+    left = [p for p in map(_process, sorted(running.seen)) if p is not None]
+    for proc in left:
+        proc.kill()
+    psutil.wait_procs(left, timeout=10)
+    uids = set(learner_uids(settings.group))
+    for path in SHM_DIR.iterdir() if SHM_DIR.is_dir() else []:
+        try:
+            if path.stat().st_uid in uids:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+    (settings.state_dir / PIDS_FILE).unlink(missing_ok=True)
+    say("class stopped" + (f" ({len(left)} leftover process(es) killed)" if left else ""))
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+    except psutil.NoSuchProcess:
+        return None
+
+
+def stop_running(state_dir: Path, say: Callable[[str], None] = print, timeout_s: float = 150.0) -> int:
+    """``class stop``: SIGTERM to the supervisor that ``class start`` left in ``pids.json``, and wait for it."""
+    require_root("class stop")
+    pids_file = state_dir / PIDS_FILE
+    if not pids_file.exists():
+        say(f"no class is running (no {pids_file})")
+        return 0
+    pids = json.loads(pids_file.read_text())
+    supervisor = _process(int(pids["supervisor"]))
+    if supervisor is None or "class" not in " ".join(supervisor.cmdline()):
+        say(f"the supervisor (pid {pids['supervisor']}) is gone; stopping what it recorded")
+        for pid in (pids.get("hub"), pids.get("triton")):
+            proc = _process(int(pid)) if pid else None
+            if proc is not None:
+                proc.terminate()
+                psutil.wait_procs([proc], timeout=60)
+        pids_file.unlink(missing_ok=True)
+        return 1
+    supervisor.terminate()
+    deadline = time.monotonic() + timeout_s
+    # Not psutil.wait_procs: the supervisor is not our child, and once it exits it stays a zombie until
+    # *its* parent reaps it (make, a test runner); a zombie has stopped everything, it counts as gone.
+    while _process(supervisor.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _process(supervisor.pid) is not None:
+        raise ClassError(f"the class supervisor (pid {supervisor.pid}) did not stop within {timeout_s:.0f} s")
+    say(f"class stopped (supervisor pid {supervisor.pid})")
+    return 0

@@ -1,0 +1,200 @@
+"""A class on one machine, end to end: three learners, one shared Triton, a real hub and a real browser.
+
+Three learners log in concurrently (three Chromium contexts, PAM with their Unix passwords) and run
+lesson 01 in their own JupyterLab, all at once, against the shared Triton; its statistics must
+count all three learners' requests. Then, as each learner, from inside their server's PID
+namespace (where their kernels and terminals run): the admin key cannot be read from the key file,
+from any process's command line or environment. One learner's session cannot open another's
+server. Last, ``lab-backends class stop`` must leave no process of the class and no ``/dev/shm``
+region of its servers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from browser.test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, _kernel_idle, _no_errors, _run_menu, _wait
+
+from lab_backends.server.endpoints import statistics_payload
+from lab_backends.server.processes import SHM_DIR, shm_regions
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = ROOT / ".venv" / "bin" / "python"
+NOTEBOOK = "01_rest_and_grpc.ipynb"
+#: What one run of lesson 01 sends to cost_model (two hand-made exchanges, two tritonclient calls, one binary
+#: request: the notebook's sections 1-2); echo gets the latency comparison. Checked exactly: three learners, 3x.
+COST_MODEL_PER_LEARNER = 5
+RUN_DEADLINE_S = 240
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+def _success(room: Any, model: str) -> int:
+    payload = statistics_payload(room.triton_http, model, {"admin-key": room.key})
+    return int(payload["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def _login(browser: Any, room: Any, name: str) -> tuple[Any, Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(f"{room.hub_url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", room.learners[name])
+    page.click("#login_submit")
+    return context, page
+
+
+#: Lesson 01 runs up to its shared-memory section, which starts the learner's own embedded Triton (the
+#: shared server cannot map their /dev/shm): everything above it talks to the shared server.
+STOP_AT = "same_machine(server)"
+
+
+def _open_and_run(page: Any, room: Any, name: str) -> Any:
+    """Wait for the learner's lab, open lesson 01 (their own copy), run every cell above :data:`STOP_AT`."""
+    page.wait_for_url(f"**/user/{name}/lab**", timeout=120_000)
+    page.goto(f"{room.hub_url}/user/{name}/lab/tree/{NOTEBOOK}")
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=90_000)
+    _wait(f"{name}'s kernel", lambda: _kernel_idle(page), 90)
+    stop_cell = page.locator(".jp-CodeCell", has_text=STOP_AT).last
+    first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
+    for attempt in range(3):
+        stop_cell.locator(".jp-InputPrompt").click()
+        _run_menu(page, "Run All Above Selected Cell")
+        try:
+            _wait("the first cell to start", lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
+    return stop_cell
+
+
+def _ran_all(page: Any) -> bool:
+    """No error, the kernel idle, and every code cell above :data:`STOP_AT` numbered (it ran)."""
+    _no_errors(page)
+    prompts = [p.strip() for p in page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
+    codes = page.locator(".jp-CodeCell").all_inner_texts()
+    upto = next(i for i, text in enumerate(codes) if STOP_AT in text)
+    return _kernel_idle(page) and all(p[1:-2].isdigit() for p in prompts[:upto])
+
+
+def test_three_learners_run_lesson_01_on_the_shared_server(classroom: Any) -> None:
+    from playwright.sync_api import sync_playwright
+
+    room = classroom
+    before = {m: _success(room, m) for m in ("cost_model", "echo")}
+    started = time.monotonic()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        try:
+            sessions = {name: _login(browser, room, name) for name in room.learners}  # three logins at once
+            for name, (_, page) in sessions.items():
+                _open_and_run(page, room, name)
+            for name, (_, page) in sessions.items():  # all three run at the same time; wait for each
+                _wait(f"{name}'s lesson 01 to run", lambda page=page: _ran_all(page), RUN_DEADLINE_S, every_s=1.0)
+                first_output = page.locator(".jp-OutputArea-output").first.inner_text()
+                assert f"<TritonServer remote http={room.triton_http}" in first_output, \
+                    f"{name}'s lesson did not use the shared Triton: {first_output[:300]}"
+            room.remember()
+
+            # Another learner's server: a's session on b's URL is refused by the hub (403), b's lab never shows.
+            a, b = list(room.learners)[:2]
+            page = sessions[a][1]
+            response = page.goto(f"{room.hub_url}/user/{b}/lab")
+            assert response is not None and response.status == 403, \
+                f"{a} opened /user/{b}/lab: HTTP {response and response.status}, {page.url}"
+            assert page.locator(".jp-NotebookPanel").count() == 0
+            api = sessions[a][0].request.get(f"{room.hub_url}/user/{b}/api/contents", max_redirects=0)
+            assert api.status in (302, 403) and api.status != 200, f"{a} read {b}'s files: HTTP {api.status}"
+        except BaseException:
+            for name, (_, page) in locals().get("sessions", {}).items():
+                page.screenshot(path=str(ARTIFACTS / f"class-{name[-1]}-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    after = {m: _success(room, m) for m in ("cost_model", "echo")}
+    n = len(room.learners)
+    assert after["cost_model"] - before["cost_model"] == n * COST_MODEL_PER_LEARNER, (before, after)
+    assert after["echo"] - before["echo"] >= n * 2, (before, after)
+    print(f"three learners ran lesson 01 in {time.monotonic() - started:.0f} s; shared server: {before} -> {after}")
+
+
+_PROBE = """
+import os, sys
+key = sys.stdin.read().strip()
+found = []
+try:
+    open(sys.argv[1]).read()
+    found.append('key file readable')
+except PermissionError:
+    pass
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+for pid in pids:
+    for what in ('cmdline', 'environ'):
+        try:
+            if key.encode() in open(f'/proc/{pid}/{what}', 'rb').read():
+                found.append(f'/proc/{pid}/{what}')
+        except OSError:
+            pass
+if key in ''.join(os.environ.values()):
+    found.append('environment')
+print(len(pids), ';'.join(found) or 'none')
+"""
+
+
+def _probe(room: Any, name: str, namespace_of: int) -> tuple[int, str]:
+    """Run :data:`_PROBE` as ``name`` inside the namespaces (PID, mount) of their server, PID ``namespace_of``."""
+    drop = ["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--"]
+    enter = ["nsenter", f"--target={namespace_of}", "--pid", "--mount", "--"]
+    done = subprocess.run([*enter, *drop, str(PY), "-c", _PROBE, str(room.state_dir / "admin-key")],
+                          input=room.key, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    count, found = done.stdout.split()
+    return int(count), found
+
+
+def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
+    room = classroom
+    for name in room.learners:
+        server = [p for p in psutil.process_iter(["username", "cmdline"])
+                  if p.info["username"] == name and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])]
+        assert server, f"{name} has no running server"
+        count, found = _probe(room, name, server[0].pid)
+        assert found == "none", f"{name} read the admin key from {found}"
+        assert count < 30, f"{name} sees {count} processes: not their own namespace"
+    # The probe can fail: the same learner on the machine's own /proc (no hub session gives them this) reads the
+    # key in the shared tritonserver's command line (Triton takes it only as a flag).
+    triton = [p.pid for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "tritonserver"
+              and f"--http-port={room.triton_http.rpartition(':')[2]}" in (p.info["cmdline"] or [])]
+    assert triton, "the shared tritonserver was not found"
+    name = next(iter(room.learners))
+    host = subprocess.run(["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--", "cat",
+                           f"/proc/{triton[0]}/cmdline"], capture_output=True, timeout=30)
+    assert room.key.encode() in host.stdout, "control failed: the key is not on the host's tritonserver command line"
+
+
+def test_stopping_the_class_leaves_nothing(classroom: Any) -> None:
+    room = classroom
+    room.remember()
+    regions = shm_regions(sorted(room.seen))
+    assert regions, "no Python-backend region seen: the shared Triton's stubs were not found"
+    uids = {psutil.Process(p).uids().real for p in room.seen if psutil.pid_exists(p)}
+    done = room.stop()
+    assert done.returncode == 0, done.stderr
+    alive = [p for p in room.seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running after class stop: {[psutil.Process(p).cmdline()[:3] for p in alive]}"
+    assert room.proc.poll() is not None
+    left = [r for r in regions if (SHM_DIR / r).exists()]
+    assert not left, f"/dev/shm regions left: {left}"
+    learner_uids = uids - {0}
+    owned = [p.name for p in SHM_DIR.iterdir() if p.stat().st_uid in learner_uids]
+    assert not owned, f"/dev/shm files of learners left: {owned}"
+    procs = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in learner_uids]
+    assert not procs, f"learners' processes left: {procs}"

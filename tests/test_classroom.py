@@ -1,0 +1,52 @@
+"""The class's pure parts: roster lines (one error each, with the fix), the restricted APIs of a class
+server, the hub config (names the shared Triton, never a key), the namespace command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_backends.classroom import roster, settings, spawner
+from lab_backends.errors import LabBackendsError
+from lab_backends.server import admin
+
+
+def test_a_roster_gives_names_and_passwords() -> None:
+    learners = roster.parse_roster("# class A\nada\nbob  s3cret-pass  # given\n\n")
+    assert [lr.name for lr in learners] == ["ada", "bob"] and learners[1].password == "s3cret-pass"
+    assert len(learners[0].password) >= 12  # generated
+
+
+@pytest.mark.parametrize("text, says", [
+    ("Ada\n", "not a Unix user name"),
+    ("ada\nada\n", "listed twice (first on line 1)"),
+    ("ada short\n", "shorter than 8"),
+    ("ada a b\n", "'name' or 'name password'"),
+    ("# nobody\n", "names no learner"),
+])
+def test_each_bad_roster_line_is_one_error_with_the_fix(text: str, says: str) -> None:
+    with pytest.raises(roster.RosterError) as caught:
+        roster.parse_roster(text, "r.txt")
+    assert says in str(caught.value)
+
+
+def test_a_class_server_keeps_model_control_behind_the_key() -> None:
+    assert admin.restricted_list(",".join(admin.CLASS_RESTRICTED)) == admin.CLASS_RESTRICTED
+    with pytest.raises(LabBackendsError, match="must keep model-repository"):
+        admin.restricted_list("trace,logging")
+    with pytest.raises(LabBackendsError, match="unknown API"):
+        admin.restricted_list("model-repository,everything")
+
+
+def test_the_hub_config_points_at_triton_and_carries_no_key() -> None:
+    s = settings.ClassSettings(8000, 8081, 8082, (9000, 9001, 9002), dummy_password="")
+    text = settings.hub_config(s)
+    assert "'TRITON_URL': 'http://127.0.0.1:9000'" in text and "'TRITON_GRPC_URL': '127.0.0.1:9001'" in text
+    assert "admin" not in text.lower() and "c.JupyterHub.ip = '127.0.0.1'" in text
+    assert "allowed_groups = {'lab-class'}" in text
+    assert settings.ClassSettings.from_json(s.to_json()) == s
+
+
+def test_the_learner_runs_in_a_new_pid_namespace_as_themselves() -> None:
+    cmd = spawner.namespace_command("root", ["jupyterhub-singleuser"])
+    assert cmd[:4] == ["unshare", "--pid", "--fork", "--mount-proc"]
+    assert "--reuid=root" in cmd and "--no-new-privs" in cmd and cmd[-1] == "jupyterhub-singleuser"
