@@ -8,7 +8,16 @@ sub-command here is a thin call into :mod:`.roster`, :mod:`.supervisor` or
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from lab_backends.classroom import supervisor
+from lab_backends.classroom.roster import add_learners, read_roster, remove_learners, write_credentials
+from lab_backends.classroom.settings import CLASS_MODELS, STATE_DIR, ClassSettings, private_dir
+from lab_backends.classroom.supervisor import ClassError
+from lab_backends.measure import class_latency
+from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.ports import free_ports
 
 CLASS_DESCRIPTION = """\
 A class on one machine: one shared Triton (its admin key hidden from learners), JupyterHub on
@@ -23,10 +32,6 @@ learner in a PID namespace of its own, the course notebooks copied into their ho
 
 
 def _start(args: argparse.Namespace) -> int:
-    from lab_backends.classroom.settings import CLASS_MODELS, ClassSettings
-    from lab_backends.classroom.supervisor import start, supervise
-    from lab_backends.server.ports import free_ports
-
     hub_api, proxy_api, *triton = free_ports(5)
     env = tuple(tuple(item.split("=", 1)) for item in args.learner_env or ())
     settings = ClassSettings(
@@ -34,15 +39,11 @@ def _start(args: argparse.Namespace) -> int:
         group=args.group, models=tuple(args.model or CLASS_MODELS), state_dir=args.state_dir,
         authenticator=args.authenticator, dummy_password=_dummy_password(args.authenticator), learner_env=env,
     )
-    running = start(settings)
-    return supervise(running, settings)
+    running = supervisor.start(settings)
+    return supervisor.supervise(running, settings)
 
 
 def _dummy_password(authenticator: str) -> str:
-    import os
-
-    from lab_backends.classroom.supervisor import ClassError
-
     if authenticator != "dummy":
         return ""
     password = os.environ.get("LAB_CLASS_PASSWORD", "")
@@ -53,15 +54,10 @@ def _dummy_password(authenticator: str) -> str:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from lab_backends.classroom.supervisor import stop_running
-
-    return stop_running(args.state_dir)
+    return supervisor.stop_running(args.state_dir)
 
 
 def _add(args: argparse.Namespace) -> int:
-    from lab_backends.classroom.roster import add_learners, read_roster, write_credentials
-    from lab_backends.classroom.settings import private_dir
-
     learners = add_learners(read_roster(args.roster), args.group)
     out = write_credentials(learners, private_dir(args.state_dir) / "credentials.txt")
     print(f"{len(learners)} learner(s) in group {args.group}; their passwords are in {out} (root only): hand them out")
@@ -69,26 +65,19 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from lab_backends.classroom.roster import read_roster, remove_learners
-
     removed = remove_learners([learner.name for learner in read_roster(args.roster)], args.group)
     print(f"{len(removed)} account(s) removed with their homes")
     return 0
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from lab_backends.measure.class_latency import measure, report
-
     counts = [int(n) for n in args.learners.split(",")]
-    result = measure(counts, args.notebooks.split(","), out=args.out)
-    print(report(result))
+    result = class_latency.measure(counts, args.notebooks.split(","), out=args.out)
+    print(class_latency.report(result))
     return 0
 
 
 def add_class_parser(sub: argparse._SubParsersAction) -> None:
-    from lab_backends.classroom.settings import STATE_DIR
-    from lab_backends.paths import PROJECT_ROOT
-
     parser = sub.add_parser("class", help="a class on one machine: learners, shared Triton, JupyterHub",
                             description=CLASS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", required=True)

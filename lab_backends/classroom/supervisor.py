@@ -17,7 +17,6 @@ removed. Both children also get SIGTERM if the supervisor itself dies (``PR_SET_
 
 from __future__ import annotations
 
-import ctypes
 import grp
 import json
 import os
@@ -37,6 +36,7 @@ from lab_backends import rest
 from lab_backends.classroom.roster import RosterError, kill_processes_of, require_root
 from lab_backends.classroom.settings import CLASS_RESTRICTED, PROXY_BIN, ClassSettings, hub_config, private_dir
 from lab_backends.errors import LabBackendsError
+from lab_backends.server import limits
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR
 
@@ -55,10 +55,6 @@ class Running:
     triton: subprocess.Popen
     hub: subprocess.Popen
     seen: set[int]  #: every descendant seen while they ran: killed by PID if a child left it behind
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def preflight(settings: ClassSettings) -> None:
@@ -109,8 +105,10 @@ def _answers(url: str) -> bool:
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+        # dies with this process (PR_SET_PDEATHSIG through setpriv; no preexec_fn: server/limits.py)
+        return subprocess.Popen([*limits.launch_prefix(die_with_parent=True), *cmd], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                start_new_session=True)
 
 
 def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s: float = 300.0) -> Running:

@@ -19,6 +19,8 @@ import numpy as np
 
 from lab_backends.measure import class_plan
 from lab_backends.measure.replay import replay
+from lab_backends.server.admin import CLASS_RESTRICTED
+from lab_backends.server.triton_server import TritonServer
 
 
 def _stream(footprint: dict, notebooks: Sequence[str]) -> tuple[dict, list[tuple[float, str, int]]]:
@@ -41,9 +43,6 @@ def _pcts(values_ms: list[float]) -> dict[str, float]:
 
 def measure(learner_counts: Sequence[int], notebooks: Sequence[str], out: Path | None = None) -> dict[str, Any]:
     """Measured and predicted latency for each learner count; written to ``out`` as JSON."""
-    from lab_backends.server.admin import CLASS_RESTRICTED
-    from lab_backends.server.triton_server import TritonServer
-
     footprint = class_plan.load_footprint()
     subset, stream = _stream(footprint, notebooks)
     models = sorted({m for _, m, _ in stream})
