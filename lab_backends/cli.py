@@ -260,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--open-admin-apis", action="store_true",
         help="no admin key at all: anyone who can reach the ports can load models (runs code); prints a warning"
     )
-    serve.add_argument("--restricted-apis", metavar="A,B", help="APIs behind the key (default all; class: no stats)")
+    serve.add_argument("--restricted-apis", metavar="A,B",
+                       help="the APIs behind the key (default: all). A class keeps statistics open: "
+                            "model-repository,trace,shared-memory,logging")
     serve.set_defaults(func=_serve)
 
     with_key = sub.add_parser(
