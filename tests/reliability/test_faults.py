@@ -32,10 +32,17 @@ def _target(server: TritonServer) -> Target:
     return Target(server.grpc_url, server.http_url, {"rel_double": 2.0})
 
 
+#: Threads a library starts once and keeps for the life of the process (daemon singletons, not a
+#: leak of the load): pycares' channel-destroying thread, started the first time aiohttp closes an
+#: aiodns resolver (aiodns comes with the `class` extra's JupyterHub, and aiohttp then prefers it).
+PROCESS_SINGLETONS = ("(_run_safe_shutdown_loop)",)
+
+
 def _extra_threads(before: set[threading.Thread], wait_s: float = 5.0) -> list[str]:
     deadline = time.monotonic() + wait_s
     while True:
-        extra = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+        extra = [t.name for t in threading.enumerate() if t not in before and t.is_alive()
+                 and not (t.daemon and t.name.endswith(PROCESS_SINGLETONS))]
         if not extra or time.monotonic() > deadline:
             return extra
         time.sleep(0.05)
