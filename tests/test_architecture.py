@@ -417,3 +417,30 @@ def test_the_deferred_import_checker(tmp_path: Path) -> None:
     ]
     assert "move the import to the top of the module" in problems[0]
     assert used == {"matplotlib", "pandas", "tritonclient.http"}
+
+
+def private_imports(root: Path = PACKAGE) -> list[str]:
+    """``from lab_backends.x import _name``: another module's private name taken by import (a reach-in)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(root.name):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        where = f"{path.relative_to(root.parent)}:{node.lineno}"
+                        found.append(f"{where} imports {node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = private_imports()
+    assert not found, ("private names imported from another module (make the name public with a docstring "
+                       "that says who uses it, or move the code):\n" + "\n".join(found))
+
+
+def test_the_private_import_checker(tmp_path: Path) -> None:
+    package = tmp_path / "lab_backends"
+    package.mkdir()
+    (package / "a.py").write_text("def _hidden():\n    pass\n")
+    (package / "b.py").write_text("from lab_backends.a import _hidden\nfrom lab_backends import a as _a\n")
+    assert private_imports(package) == ["lab_backends/b.py:1 imports lab_backends.a._hidden"]

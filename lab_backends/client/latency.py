@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from tritonclient.grpc import service_pb2_grpc
 
-from lab_backends.client.protocol import _timed_post, grpc_request, request_body
+from lab_backends.client.protocol import grpc_request, request_body, timed_post
 from lab_backends.server.running import RunningServer
 
 
@@ -41,7 +41,7 @@ def compare_latency(server: RunningServer, model: str, inputs: Mapping[str, np.n
         try:
             times, size = [], 0
             for i in range(warmup + repeats):
-                _, payload, elapsed = _timed_post(conn, path, body, headers)
+                _, payload, elapsed = timed_post(conn, path, body, headers)
                 size = len(payload)
                 if i >= warmup:
                     times.append(elapsed)

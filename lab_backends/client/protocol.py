@@ -195,7 +195,7 @@ def http_exchange(
     host, _, port = server.http_url.rpartition(":")
     conn = connection or http.client.HTTPConnection(host, int(port), timeout=120)
     try:
-        response, payload, elapsed = _timed_post(conn, path, body, headers)
+        response, payload, elapsed = timed_post(conn, path, body, headers)
     finally:
         if connection is None:
             conn.close()
@@ -205,9 +205,12 @@ def http_exchange(
     return exchange
 
 
-def _timed_post(conn: http.client.HTTPConnection, path: str, body: bytes,
+def timed_post(conn: http.client.HTTPConnection, path: str, body: bytes,
                 headers: Mapping[str, str]) -> tuple[http.client.HTTPResponse, bytes, float]:
     """One POST on an open connection: the response, its whole body, and the round trip in ms.
+
+    Public because the latency comparisons (client/latency.py, lessons/shared_memory.py) time their
+    own bodies with the same clock as :func:`http_exchange`.
 
     The clock runs from sending to having read the last byte; encoding and decoding stay outside.
     Raises :class:`ProtocolError` with Triton's message when the server refuses the request.

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from lab_backends.client.infer import infer
 from lab_backends.errors import StubCrashedError
-from lab_backends.server.health import Notify, _to_stderr, crashed_instance, model_of_instance, recover
+from lab_backends.server.health import Notify, crashed_instance, model_of_instance, recover, to_stderr
 from lab_backends.server.running import RunningServer
 
 
@@ -18,7 +18,7 @@ def infer_with_recovery(
     server: RunningServer,
     model: str,
     inputs: Mapping[str, Any],
-    notify: Notify | None = _to_stderr,
+    notify: Notify | None = to_stderr,
     **kwargs: Any,
 ) -> dict:
     """:func:`lab_backends.client.infer.infer`, but a crashed stub is recovered once and the call retried.

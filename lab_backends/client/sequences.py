@@ -45,7 +45,8 @@ def step(
     return float(out["MEAN"].reshape(-1)[0]), int(out["COUNT"].reshape(-1)[0])
 
 
-def _check_sequences(sequences: Mapping[int, Sequence[float]]) -> None:
+def check_sequences(sequences: Mapping[int, Sequence[float]]) -> None:
+    """One clear error for bad ``{correlation_id: [values]}`` input (also used by measure/concurrent_sequences)."""
     if not sequences:
         raise SequenceError("no sequences given: pass {correlation_id: [values, ...]}")
     for corrid, values in sequences.items():
@@ -69,7 +70,7 @@ def drive_interleaved(
     Columns: ``round``, ``corrid``, ``value``, ``start``, ``end``, ``mean``, ``count`` and
     ``expected`` (the running mean computed here), so ``mean == expected`` is the whole lesson.
     """
-    _check_sequences(sequences)
+    check_sequences(sequences)
     rows = []
     for i in range(max(len(v) for v in sequences.values())):
         for corrid, values in sequences.items():

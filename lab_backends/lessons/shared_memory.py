@@ -37,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm
 
 from lab_backends.client.latency import compare_latency
-from lab_backends.client.protocol import _timed_post, grpc_exchange, http_exchange
+from lab_backends.client.protocol import grpc_exchange, http_exchange, timed_post
 from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import ProtocolError
 from lab_backends.server.running import RunningServer
@@ -178,7 +178,7 @@ def compare_ways(server: RunningServer, tensor: np.ndarray, repeats: int = 10, m
         times: list[float] = []
         try:
             for i in range(warmup + repeats):
-                _, payload, elapsed = _timed_post(conn, f"/v2/models/{model}/infer", body, headers)
+                _, payload, elapsed = timed_post(conn, f"/v2/models/{model}/infer", body, headers)
                 if i >= warmup:
                     times.append(elapsed)
         finally:

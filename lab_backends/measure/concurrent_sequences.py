@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import tritonclient.grpc as grpcclient
 
-from lab_backends.client.sequences import MODEL, _check_sequences, expected_means, step
+from lab_backends.client.sequences import MODEL, check_sequences, expected_means, step
 from lab_backends.errors import SequenceError
 from lab_backends.measure import stats as _stats
 from lab_backends.measure.stats import settled_statistics
@@ -57,7 +57,7 @@ def drive_concurrent(
     The threads start together (a barrier), so the sequence batcher has several sequences with a
     request waiting at the same moment: with the ``oldest`` strategy it puts them in one batch.
     """
-    _check_sequences(sequences)
+    check_sequences(sequences)
     barrier = threading.Barrier(len(sequences), timeout=timeout_s)
 
     def run(corrid: int, values: Sequence[float]) -> list[dict]:
@@ -156,7 +156,7 @@ def fill_slots(
     """
     slots = sequence_slots(server.model_config(model))
     corrids = list(range(first_corrid, first_corrid + slots + extra))
-    _check_sequences({c: [1.0] for c in corrids})
+    check_sequences({c: [1.0] for c in corrids})
     clients = {c: grpcclient.InferenceServerClient(server.grpc_url) for c in corrids}
     pool = ThreadPoolExecutor(len(corrids), thread_name_prefix="slot")
 

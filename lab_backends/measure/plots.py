@@ -22,7 +22,8 @@ STAGE_COLUMNS = {
 }
 
 
-def _ax(ax: Any = None) -> Any:
+def axes_or_new(ax: Any = None) -> Any:
+    """``ax``, or a new 6x4 figure's axes when it is ``None`` (every plot here and in plots_batches)."""
     if ax is None:
         import matplotlib.pyplot as plt
 
@@ -51,7 +52,7 @@ def latency_vs_concurrency(
     frame: pd.DataFrame, ax: Any = None, percentiles: Sequence[int] = (50, 90, 99), by: str = "config"
 ) -> Any:
     """Latency percentiles against requests in flight, one colour per config, one style per percentile."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     styles = ["-", "--", ":", "-."]
     for i, (name, group) in enumerate(_groups(frame, by)):
         group = group.sort_values("concurrency")
@@ -63,7 +64,7 @@ def latency_vs_concurrency(
 
 def throughput_vs_concurrency(frame: pd.DataFrame, ax: Any = None, by: str = "config", ceiling: Any = None) -> Any:
     """Throughput against concurrency; ``ceiling`` (a function of concurrency) draws the model's limit."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     for i, (name, group) in enumerate(_groups(frame, by)):
         group = group.sort_values("concurrency")
         ax.plot(group["concurrency"], group["throughput_rps"], marker="o", color=f"C{i}", label=name or None)
@@ -75,7 +76,7 @@ def throughput_vs_concurrency(frame: pd.DataFrame, ax: Any = None, by: str = "co
 
 def latency_throughput(frame: pd.DataFrame, ax: Any = None, by: str = "config", percentile: int = 50) -> Any:
     """The latency-throughput curve per config: batching moves it right (more) and down (faster)."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     for i, (name, group) in enumerate(_groups(frame, by)):
         group = group.sort_values("concurrency" if "concurrency" in group else "throughput_rps")
         ax.plot(group["throughput_rps"], group[f"p{percentile}_ms"], marker="o", color=f"C{i}", label=name or None)
@@ -89,7 +90,7 @@ def latency_throughput(frame: pd.DataFrame, ax: Any = None, by: str = "config", 
 
 def batch_histogram(hist: Mapping[int, int] | pd.Series | Any, ax: Any = None, label: str = "") -> Any:
     """How many executions ran at each batch size (from ``batch_stats``)."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     if hasattr(hist, "batch_hist"):  # a ServerWindow
         hist = hist.batch_hist
     hist = dict(hist or {})
@@ -108,7 +109,7 @@ def batch_histogram(hist: Mapping[int, int] | pd.Series | Any, ax: Any = None, l
 
 def batch_histograms(frame: pd.DataFrame, ax: Any = None, concurrency: int | None = None, by: str = "config") -> Any:
     """The batch histogram of each config at one concurrency (default: the highest)."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     if concurrency is None:
         concurrency = frame["concurrency"].max()
     rows = frame[frame["concurrency"] == concurrency]
@@ -119,7 +120,7 @@ def batch_histograms(frame: pd.DataFrame, ax: Any = None, concurrency: int | Non
 
 def server_breakdown(frame: pd.DataFrame, ax: Any = None, by: str = "config") -> Any:
     """Average server time per request, stacked by stage, for each config and concurrency."""
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     labels = [
         f"{row.get(by, '')}\nc={int(row['concurrency'])}" if pd.notna(row.get("concurrency")) else str(row.get(by, ""))
         for _, row in frame.iterrows()
@@ -146,7 +147,7 @@ def over_time(requests: pd.DataFrame | Any, ax: Any = None, bin_s: float | None 
     """
     if hasattr(requests, "requests"):  # a LoadResult
         requests = requests.requests
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     if not len(requests):
         ax.text(0.5, 0.5, "no requests", ha="center", va="center", transform=ax.transAxes)
         return ax
@@ -174,7 +175,7 @@ def metrics_over_time(
     """The server's Prometheus counters sampled during a run (``run_closed(..., metrics_every_s=0.5)``)."""
     if hasattr(timeline, "metrics_timeline"):  # a LoadResult
         timeline = timeline.metrics_timeline
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     if timeline is None or len(timeline) < 2:
         ax.text(0.5, 0.5, "no metrics timeline: pass metrics_every_s", ha="center", va="center",
                 transform=ax.transAxes)

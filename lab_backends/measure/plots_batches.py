@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab_backends.measure.plots import _ax
+from lab_backends.measure.plots import axes_or_new
 
 
 def batch_timeline(table: pd.DataFrame, ax: Any = None, title: str = "", label_min_ms: float = 4.0) -> Any:
@@ -19,7 +19,7 @@ def batch_timeline(table: pd.DataFrame, ax: Any = None, title: str = "", label_m
 
     Sizes are written inside bars at least ``label_min_ms`` wide (narrower ones would only smudge).
     """
-    ax = _ax(ax)
+    ax = axes_or_new(ax)
     if table.empty:
         ax.set_title(title or "Batch timeline (no batches)")
         return ax

@@ -43,7 +43,7 @@ _INSTANCE_SUFFIX = re.compile(r"^(?P<model>.+)_\d+_\d+$")
 Notify = Callable[[str], None]
 
 
-def _to_stderr(message: str) -> None:
+def to_stderr(message: str) -> None:
     """Default notifier: stderr shows up in a notebook cell and in a terminal alike."""
     print(message, file=sys.stderr, flush=True)
 
@@ -215,7 +215,7 @@ def _wait_for_stubs(server: RunningServer, model: str, deadline: float) -> dict[
 def recover(
     server: RunningServer,
     model: str,
-    notify: Notify | None = _to_stderr,
+    notify: Notify | None = to_stderr,
     timeout_s: float = 120.0,
     trigger: str = "",
 ) -> Recovery:
@@ -258,6 +258,6 @@ def recover(
     return recovery
 
 
-def recover_all(server: RunningServer, notify: Notify | None = _to_stderr) -> list[Recovery]:
+def recover_all(server: RunningServer, notify: Notify | None = to_stderr) -> list[Recovery]:
     """Check every READY model and recover each one with a dead stub (local target)."""
     return [recover(server, model, notify=notify) for model in sorted(check_stubs(server))]
