@@ -50,9 +50,11 @@ def _login(browser: Any, room: Any, name: str) -> tuple[Any, Any]:
     return context, page
 
 
-#: Lesson 01 runs up to its shared-memory section, which starts the learner's own embedded Triton (the
-#: shared server cannot map their /dev/shm): everything above it talks to the shared server.
-STOP_AT = "same_machine(server)"
+#: Lesson 01 runs to its end: every cell above its last one, ``server.stop()`` (on a shared server that
+#: only closes the learner's clients). Its shared-memory section starts the learner's own embedded
+#: Triton (the shared server cannot map their /dev/shm, and that API is behind the key); the rest talks
+#: to the shared server.
+STOP_AT = "server.stop()"
 
 
 def _open_and_run(page: Any, room: Any, name: str) -> Any:
@@ -80,7 +82,7 @@ def _ran_all(page: Any) -> bool:
     _no_errors(page)
     prompts = [p.strip() for p in page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
     codes = page.locator(".jp-CodeCell").all_inner_texts()
-    upto = next(i for i, text in enumerate(codes) if STOP_AT in text)
+    upto = max(i for i, text in enumerate(codes) if STOP_AT in text)  # the last cell: `shm_server.stop()` also matches
     return _kernel_idle(page) and all(p[1:-2].isdigit() for p in prompts[:upto])
 
 
@@ -102,6 +104,10 @@ def test_three_learners_run_lesson_01_on_the_shared_server(classroom: Any) -> No
                 first_output = page.locator(".jp-OutputArea-output").first.inner_text()
                 assert f"<TritonServer remote http={room.triton_http}" in first_output, \
                     f"{name}'s lesson did not use the shared Triton: {first_output[:300]}"
+                outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+                assert "starting an embedded one for this section" in outputs and \
+                    "unregistered and destroyed" in outputs, \
+                    f"{name}'s shared-memory section did not run on their own Triton: {outputs[-1500:]}"
             room.remember()
 
             # Another learner's server: a's session on b's URL is refused by the hub (403), b's lab never shows.
