@@ -88,7 +88,7 @@ class LocalTarget(Target):
                                              cache_dir=bundle.caches))
             try:
                 await_ready(self.http_url, self.exit_code, ServerLog(self.log_path, self.options.admin_key),
-                            deadline, self.startup_timeout_s)
+                            deadline, self.startup_timeout_s, metrics_url=self.metrics_url)
                 return True
             except ServerExitedError as exc:
                 retry = self.requested_ports == (None, None, None) and _BIND_FAILURE.search(exc.log_tail)
