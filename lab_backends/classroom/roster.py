@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 import psutil
 
 from lab_backends.errors import LabBackendsError
+from lab_backends.server.processes import stop_processes
 
 #: ``useradd``'s default NAME_REGEX (Debian), and a length every tool handles.
 _NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -160,18 +161,7 @@ def processes_of(uid: int) -> list[psutil.Process]:
 def kill_processes_of(uid: int, grace_s: float = 5.0) -> int:
     """SIGTERM, then SIGKILL, each process of a learner's account, by PID; returns how many there were."""
     procs = processes_of(uid)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    stop_processes(procs, grace_s)
     return len(procs)
 
 

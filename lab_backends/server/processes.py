@@ -165,3 +165,23 @@ def terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+def stop_processes(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """SIGTERM each of these processes (ours), wait up to ``grace_s``, then SIGKILL what is left.
+
+    A process that ends on its own meanwhile is skipped. For a set found by walking (a learner's
+    processes, a test's leftovers); for one ``Popen`` we hold, :func:`terminate`.
+    """
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
+
+from lab_backends.server.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -107,18 +108,10 @@ def _stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
     procs = []
     for pid in pids:
         try:
-            proc = psutil.Process(pid)
-            proc.send_signal(signal.SIGTERM)
-            procs.append(proc)
+            procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    stop_processes(procs, grace_s)
 
 
 @pytest.fixture
