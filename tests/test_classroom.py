@@ -1,8 +1,15 @@
 """The class's pure parts: roster lines (one error each, with the fix), the restricted APIs of a class
-server, the hub config (names the shared Triton, never a key), the namespace command line."""
+server, the hub config (names the shared Triton, never a key), the namespace command line, and (as root) that
+a learner's namespace reaps its orphans."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
+import psutil
 import pytest
 
 from lab_backends.classroom import roster, settings, spawner
@@ -50,3 +57,37 @@ def test_the_learner_runs_in_a_new_pid_namespace_as_themselves() -> None:
     cmd = spawner.namespace_command("root", ["jupyterhub-singleuser"])
     assert cmd[:4] == ["unshare", "--pid", "--fork", "--mount-proc"]
     assert "--reuid=root" in cmd and "--no-new-privs" in cmd and cmd[-1] == "jupyterhub-singleuser"
+    assert cmd[-3:-1] == [str(settings.DUMB_INIT), "--"], "the namespace's PID 1 must be dumb-init"
+
+
+#: Run inside a namespace: orphan a ``sleep`` (its shell exits at once), then report what became of it.
+#: A zombie must stay one for 5 s to count: under dumb-init it is one only until PID 1 gets SIGCHLD.
+_ORPHAN = """
+import subprocess, time, psutil
+pid = int(subprocess.run(['sh', '-c', 'sleep 0.2 >/dev/null & echo $!'], capture_output=True, text=True).stdout)
+def state():
+    try:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return 'reaped'
+deadline = time.monotonic() + 30
+while state() not in ('reaped', psutil.STATUS_ZOMBIE) and time.monotonic() < deadline:
+    time.sleep(0.05)
+settle = time.monotonic() + 5
+while state() == psutil.STATUS_ZOMBIE and time.monotonic() < settle:
+    time.sleep(0.05)
+print(state())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or not settings.DUMB_INIT.exists(),
+                    reason="needs root, unshare and the class extra's dumb-init (make test has all three)")
+def test_orphans_in_a_learner_namespace_are_reaped() -> None:
+    """A learner's namespace reaps orphans (a watchdog whose kernel died, say); without dumb-init it does not."""
+    cmd = spawner.namespace_command("root", [sys.executable, "-c", _ORPHAN])
+    i = cmd.index(str(settings.DUMB_INIT))
+    runs = {"dumb-init": cmd, "control, no init": cmd[:i] + cmd[i + 2:]}
+    seen = {name: subprocess.run(c, capture_output=True, text=True, timeout=90).stdout.strip()
+            for name, c in runs.items()}
+    assert seen["dumb-init"] == "reaped", f"an orphan in a learner's namespace was left as {seen['dumb-init']!r}"
+    assert seen["control, no init"] == psutil.STATUS_ZOMBIE, f"control failed: {seen}"

@@ -24,6 +24,8 @@ CLASS_MODELS = ("cost_model", "echo", "digits_onnx", "digits_torch", "stream_top
 PROXY_VERSION = "5.2.0"
 PROXY_DIR = BUILD_DIR / "class-proxy"
 PROXY_BIN = PROXY_DIR / "node_modules" / ".bin" / "configurable-http-proxy"
+#: PID 1 of each learner's namespace (spawner.py says why): the ``class`` extra installs it next to Python.
+DUMB_INIT = Path(sys.executable).parent / "dumb-init"
 STATE_DIR = BUILD_DIR / "class"
 
 

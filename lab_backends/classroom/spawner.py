@@ -9,14 +9,20 @@ model-repository API (upload a ``model.py``, run it as the server's user).
 So this spawner starts, as root, ``unshare --pid --fork --mount-proc --kill-child=SIGTERM`` (a new
 PID namespace with its own ``/proc``, mounted in a private mount namespace: the machine's ``/proc``
 is never remounted), and inside it drops to the learner with ``setpriv --reuid --regid
---init-groups --no-new-privs`` before ``jupyterhub-singleuser`` starts. Everything the learner
+--init-groups --no-new-privs`` before ``dumb-init`` starts ``jupyterhub-singleuser``. Everything the learner
 runs (kernels, terminals, their own embedded Triton) is a descendant of that server: they see only
 their own processes, and a set-uid program cannot give them more. The key file is root's (0600),
 and neither the hub's nor the learner's environment carries the key.
 
+PID 1 of the namespace is ``dumb-init`` (the PyPI wheel ships the binary), not the single-user
+server: a process whose parent exits (a server's watchdog after its kernel died, say) is re-parented
+to PID 1, and only an init that waits for every child keeps it from staying a zombie until the
+learner's server stops. ``dumb-init`` also passes the signals it gets on to the server's process
+group, and exits with the server's status.
+
 Signals: ``unshare`` blocks SIGINT and SIGTERM while it waits for its child, so the hub's stop
-signals go to the namespace's first process (the single-user server); SIGKILL goes to both. When
-that process exits, the kernel kills whatever is left in its namespace: no orphans.
+signals go to the namespace's first process (``dumb-init``, which passes them on); SIGKILL goes to
+both. When that process exits, the kernel kills whatever is left in its namespace: no orphans.
 
 On first start the course notebooks are copied into ``~/notebooks`` (owned by the learner).
 """
@@ -34,6 +40,8 @@ from pathlib import Path
 import psutil
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode
+
+from lab_backends.classroom.settings import DUMB_INIT
 
 #: What is copied into a learner's home: the lessons and their exercises, not the test hooks.
 _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pycache__")
@@ -62,12 +70,12 @@ def hidden_interpreter(prefix: str = sys.base_prefix) -> tuple[str, str]:
 
 
 def namespace_command(user: str, command: list[str]) -> list[str]:
-    """``command`` run as ``user`` inside a new PID namespace with its own ``/proc`` (started as root)."""
+    """``command`` run as ``user`` under ``dumb-init`` in a new PID namespace with its own ``/proc`` (from root)."""
     base, hidden = hidden_interpreter()
     return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", "--",
             "sh", "-c", _EXPOSE, "sh", base, hidden,
             "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
-            "--inh-caps=-all", "--no-new-privs", "--", *command]
+            "--inh-caps=-all", "--no-new-privs", "--", str(DUMB_INIT), "--", *command]
 
 
 def copy_course(source: Path, home: Path, user: str) -> Path | None:
@@ -124,7 +132,7 @@ class NamespaceSpawner(LocalProcessSpawner):
             self.cmd = plain
 
     def namespace_init(self) -> int | None:
-        """The host PID of the namespace's first process (the single-user server), if it runs."""
+        """The host PID of the namespace's first process (``dumb-init``), if it runs."""
         try:
             kids = psutil.Process(self.pid).children()
         except psutil.NoSuchProcess:

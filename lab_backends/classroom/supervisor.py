@@ -34,7 +34,14 @@ import psutil
 
 from lab_backends import rest
 from lab_backends.classroom.roster import RosterError, kill_processes_of, require_root
-from lab_backends.classroom.settings import CLASS_RESTRICTED, PROXY_BIN, ClassSettings, hub_config, private_dir
+from lab_backends.classroom.settings import (
+    CLASS_RESTRICTED,
+    DUMB_INIT,
+    PROXY_BIN,
+    ClassSettings,
+    hub_config,
+    private_dir,
+)
 from lab_backends.errors import LabBackendsError
 from lab_backends.server import limits
 from lab_backends.server.ports import port_is_free
@@ -73,6 +80,8 @@ def preflight(settings: ClassSettings) -> None:
     if shutil.which("jupyterhub", path=str(Path(sys.executable).parent)) is None:
         raise ClassError("jupyterhub is not installed in this environment: run `make class` "
                          "(pip install -e '.[class]')")
+    if not DUMB_INIT.exists():
+        raise ClassError(f"dumb-init is not installed at {DUMB_INIT}: run `make class` (pip install -e '.[class]')")
     for tool in ("unshare", "setpriv"):
         if shutil.which(tool) is None:
             raise ClassError(f"{tool} is missing (util-linux): install it; each learner's server runs under it")

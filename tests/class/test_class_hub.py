@@ -172,6 +172,8 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
         server = [p for p in psutil.process_iter(["username", "cmdline"])
                   if p.info["username"] == name and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])]
         assert server, f"{name} has no running server"
+        init = [p for p in server if p.name() == "dumb-init"]  # PID 1 of the namespace: it reaps orphans
+        assert len(init) == 1 and init[0].children(), f"{name}'s server does not run under dumb-init: {server}"
         count, found = _probe(room, name, server[0].pid)
         assert found == "none", f"{name} read the admin key from {found}"
         assert count < 30, f"{name} sees {count} processes: not their own namespace"
