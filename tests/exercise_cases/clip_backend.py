@@ -56,4 +56,12 @@ ALTERNATIVES = [
         ("  free(state);\n  return NULL;\n}", "  release_bounds(state);\n  return NULL;\n}"),
         (SEND_FAILED, "drop_error(err);\n      continue;"),
     ),
+    # Reports its batch 0.2 s after sending the responses: a client holds every answer before the
+    # statistics change, and the checker must wait for them (it once read them too early).
+    _variant(
+        "late_statistics",
+        ("  if (batch_size > 0) {\n    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics(",
+         "  struct timespec pause = {0, 200000000};\n  nanosleep(&pause, NULL);\n"
+         "  if (batch_size > 0) {\n    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics("),
+    ),
 ]
