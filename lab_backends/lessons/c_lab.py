@@ -262,13 +262,14 @@ def _rows(counts: dict[int, int]) -> int:
 def _counts_once_reported(own: Any, rows: int, what: str) -> dict[int, int]:
     """clip_main's batch counts once they add up to ``rows``, the rows answered since its load.
 
-    A backend sends its responses first and reports the batch afterwards (clip.c does, as Triton's
-    examples do), so a client can hold every answer while the statistics still lack the last
-    batch: a count read then would land in the next burst's difference (seen once in a fresh
-    clone's audit: 22 rows for a burst of 19). Waiting for the known total, not for quiet, is exact.
+    A backend sends its responses first and reports the batch afterwards (the reference does:
+    ``TRITONBACKEND_ResponseSend`` at clip_backend.c L143, the batch report at L158), so a client can
+    hold every answer while the statistics still lack the last batch: a count read then would land
+    in the next burst's difference (seen once in a fresh clone's audit: 22 rows for a burst of 19).
+    Waiting for the known total, not for quiet, is exact.
     """
     counts = poll(lambda: _batch_counts(own), lambda c: _rows(c) >= rows, STATS_WAIT_S)
-    if rows and not counts:
+    if rows and not counts:  # nothing at all reported: the one fault that is not *items
         raise ExerciseError(
             f"{what} left no batch statistics: report each batch with "
             "TRITONBACKEND_ModelInstanceReportBatchStatistics"
@@ -309,12 +310,7 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float,
         after = _counts_once_reported(
             own, rows_so_far, f"a burst whose answered requests held {good_rows} rows ({good_requests} requests "
             "of 1 to 3 rows)")
-        executions = sum(after.values()) - sum(before.values())
-        if executions == 0:
-            raise ExerciseError(
-                f"a burst of {BURST_SIZE} requests left no batch statistics: report each batch with "
-                "TRITONBACKEND_ModelInstanceReportBatchStatistics"
-            )
+        executions = sum(after.values()) - sum(before.values())  # > 0: the rows above grew
         sizes_seen |= {size for size, n in after.items() if n > before.get(size, 0)}
         if executions < good_requests:  # some execution served several requests
             return answered, failed, sorted(sizes_seen)
