@@ -5,9 +5,9 @@ Sub-commands:
   with-key      ``with-key [--key-file F] -- COMMAND...``: a tritonclient script whose calls carry the admin key
   setup         everything ``make`` does after ``pip install``: backend dir, models, C backends
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
-  build-models  train/export the digits models into the model folders (``--force`` retrains)
+  build-models  train/export the digits and character models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
-  bench         ``bench batching|backends [--quick]``: a benchmark -> bench/*.csv, bench/*.png
+  bench         ``bench batching|backends|continuous [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
   class         a class on one machine: ``add-learners``, ``start``, ``stop``, ``measure`` (``make class``)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
@@ -28,13 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from lab_backends import digits
+from lab_backends import charlm, digits
 from lab_backends.classroom.command import add_class_parser
 from lab_backends.client.with_key import WITH_KEY_DESCRIPTION, command_line, environment
 from lab_backends.errors import LabBackendsError
+from lab_backends.lessons import handout
+from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import admin, bundle, cbackend, limits
+from lab_backends.server import admin, bundle, cbackend, limits, native_backends
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
 from lab_backends.server.ports import free_ports
 from lab_backends.server.triton_server import TritonServer
@@ -78,9 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
         stop_requested = False
         try:
             if args.restart:
-                if supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True)):
-                    return 1  # it kept crashing: supervise said so and gave up
-                stop_requested = True  # supervise returns 0 only on Ctrl-C
+                supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True))  # no bound: never gives up
+                stop_requested = True  # it returns only on Ctrl-C
             else:
                 while server.is_running():
                     time.sleep(0.5)
@@ -116,6 +117,8 @@ def _setup(args: argparse.Namespace) -> int:
     print(f"backend directory ready: {bundle.BACKEND_DIR}")
     _build_models(args)
     _build_backends(args)
+    for path in handout.hand_out():
+        print(f"handed out: {path.relative_to(PROJECT_ROOT)}")
     return 0
 
 
@@ -123,13 +126,18 @@ def _build_backends(args: argparse.Namespace) -> int:
     """Compile the C backends in c_backends/ (only stale ones unless --force)."""
     for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
         print(f"C backend {name}: {path}")
+    # Framework backends (c_backends/frameworks/): a framework's C API, linked from its wheel.
+    for name, path in native_backends.build_all(force=getattr(args, "force", False)).items():
+        print(f"framework backend {name}: {path}")
     return 0
 
 
 def _build_models(args: argparse.Namespace) -> int:
-    """Train and export the digits models, place them in the model folders, install Python backends."""
+    """Train and export the digits and character models, place them in the model folders, install Python backends."""
     report = digits.build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
     print(report.summary())
+    # The character model behind generate_static / generate_iterative (notebook 08b): seconds, numpy weights.
+    print(charlm.build_charlm(force=getattr(args, "force", False), log=lambda m: print(m, flush=True)).summary())
     return 0
 
 
@@ -137,8 +145,9 @@ def _bench(args: argparse.Namespace) -> int:
     """Benchmarks write files (CSV, PNG) and print their tables; they assert nothing."""
     from lab_backends.measure.backend_cost import backends_bench
     from lab_backends.measure.bench import batching_bench
+    from lab_backends.measure.generation_bench import continuous_bench
 
-    run = {"batching": batching_bench, "backends": backends_bench}[args.name]
+    run = {"batching": batching_bench, "backends": backends_bench, "continuous": continuous_bench}[args.name]
     signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
     try:
         run(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
@@ -204,25 +213,6 @@ def _plan_class(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exercises(args: argparse.Namespace) -> int:
-    """``exercises audit``: exit 1 when any exercise falls short (its lines say how)."""
-    from lab_backends.lessons.exercises import EXERCISES
-    from lab_backends.lessons.exercises.audit import audit
-
-    unknown = sorted(set(args.only or ()) - set(EXERCISES))
-    if unknown:
-        print(f"error: no exercise named {', '.join(unknown)}; known: {', '.join(sorted(EXERCISES))}",
-              file=sys.stderr)
-        return 2
-    verdicts = audit(args.only or None, emit=lambda line: print(line, flush=True), jobs=args.jobs)
-    times = ", ".join(f"{v.name} {v.seconds:.0f} s" for v in sorted(verdicts, key=lambda v: -v.seconds))
-    print(f"audit time: {sum(v.seconds for v in verdicts):.0f} s ({times})", file=sys.stderr)
-    short = [v.name for v in verdicts if not v.ok]
-    if short:
-        print(f"{len(short)} of {len(verdicts)} exercises fall short: {', '.join(short)}", file=sys.stderr)
-    return 1 if short else 0
-
-
 def _port(text: str) -> int:
     """A TCP port, checked here so that ``--http-port 70000`` is a one-line error, not a traceback."""
     try:
@@ -250,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="load only this model at start (repeatable); the others can be loaded later")
     serve.add_argument("--startup-timeout", type=float, default=180.0)
     serve.add_argument("--restart", action="store_true",
-                       help="restart tritonserver after a crash, on the same ports (after 1 s, doubling; "
-                       "gives up after more than 3 crashes within a minute)")
+                       help="restart tritonserver after every crash, on the same ports (after 1 s, doubling "
+                       "with each crash within a minute, at most 30 s; it never gives up)")
     serve.add_argument(
         "--admin-key-file", type=Path, metavar="F",
         help="write the admin key to F (mode 0600; TRITON_ADMIN_KEY chooses it); see 'admin key' above"
@@ -291,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=_lab)
 
     bench = sub.add_parser("bench", help="run a benchmark and write its CSV/PNG files")
-    bench.add_argument("name", choices=["batching", "backends"], help="which benchmark")
+    bench.add_argument("name", choices=["batching", "backends", "continuous"], help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
     bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
     bench.set_defaults(func=_bench)
@@ -308,13 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_class.add_argument("--instances", type=int, default=1, help="instances per model per replica")
     plan_class.set_defaults(func=_plan_class)
 
-    exercises = sub.add_parser("exercises", help="check the exercises' checkers (audit)")
-    exercises.add_argument(
-        "action", choices=["audit"], help="audit: skeleton, reference, wrong and alternative answers"
-    )
-    exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
-    exercises.add_argument("--jobs", type=int, default=1, help="worker processes (make test uses 2)")
-    exercises.set_defaults(func=_exercises)
+    add_exercises_parser(sub)
     add_class_parser(sub)
     return parser
 

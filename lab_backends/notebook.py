@@ -35,6 +35,18 @@ def check(condition: bool, lesson: str) -> None:
 
 #: How much longer the second (and last) measurement of a timing claim runs.
 REMEASURE_FACTOR = 2.0
+#: The window of a forced re-measurement (``LAB_FORCE_REMEASURE=1`` while the first round held): the first one's.
+FORCED_FACTOR = 1.0
+
+
+def forced_remeasure() -> bool:
+    """True when ``LAB_FORCE_REMEASURE=1``: every timing claim re-measures as if its first try missed.
+
+    Why: a claim's ``remeasure`` runs only when a bound is missed on a busy machine, so a fault in it
+    (a name never imported) would wait for a learner's slow day. Tests set this to run every such
+    fallback on a quiet machine; the bounds stay the same. Read at each call (a test may set it late).
+    """
+    return os.environ.get("LAB_FORCE_REMEASURE", "0") == "1"
 
 
 def stretched(load: dict, factor: float) -> dict:
@@ -98,13 +110,23 @@ def check_claims(data: T, claims: list[Claim], *, remeasure: Callable[[float], T
     first = [float(c.value(data)) for c in claims]
     rounds = [first]
     missed = [c for c, x in zip(claims, first) if not c.holds(x)]
-    if missed and remeasure is not None:
+    if (missed or forced_remeasure()) and remeasure is not None:
         for claim, x in zip(claims, first):
             if not claim.holds(x):
                 print(f"… {claim.lesson}: expected {claim.what} {claim.bound()}, measured {x:.3g}")
-        print(f"… the machine may be busy: re-measuring once over a {REMEASURE_FACTOR:g}x longer window")
-        data = remeasure(REMEASURE_FACTOR)
+        # Forced (the first round held): the fallback runs over the first round's window, which executes the
+        # same code at half the cost of a real retry's longer one.
+        factor = REMEASURE_FACTOR if missed else FORCED_FACTOR
+        why = "the machine may be busy" if missed else "LAB_FORCE_REMEASURE=1"
+        print(f"… {why}: re-measuring once over a {factor:g}x window")
+        data = remeasure(factor)
         rounds.append([float(c.value(data)) for c in claims])
+        if not missed and not all(c.holds(x) for c, x in zip(claims, rounds[-1])):
+            # Forced, the first round held and the fallback's round missed: that is now a real miss on a
+            # busy machine, and it gets the one retry a real miss gets, so forcing adds no flakiness.
+            print(f"… the forced re-measurement missed: re-measuring once more over a {REMEASURE_FACTOR:g}x window")
+            data = remeasure(REMEASURE_FACTOR)
+            rounds.append([float(c.value(data)) for c in claims])
     last = rounds[-1]
     failures = [i for i, (c, x) in enumerate(zip(claims, last)) if not c.holds(x)]
     if not failures:
@@ -116,7 +138,7 @@ def check_claims(data: T, claims: list[Claim], *, remeasure: Callable[[float], T
         tries = ", then ".join(f"{r[i]:.3g}" for r in rounds)
         lines.append(f"expected, but not observed on this server: {claims[i].lesson}\n"
                      f"  expected {claims[i].what} {claims[i].bound()}; measured {tries}")
-    retried = f" (the second time over a {REMEASURE_FACTOR:g}x longer window)" if len(rounds) > 1 else ""
+    retried = f" (after the first, over a {REMEASURE_FACTOR:g}x longer window)" if len(rounds) > 1 else ""
     raise MeasuredClaimError(
         "\n".join(lines) + f"{retried}.\n"
         "  This is a timing claim: the machine may be busy (another notebook, a build, a browser tab "

@@ -8,9 +8,9 @@ import sys
 
 import pandas as pd
 
-from lab_backends.measure import backend_cost
+from lab_backends.measure import backend_cost, native_cost
 from lab_backends.measure.bench import report
-from lab_backends.paths import PROJECT_ROOT
+from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server.repository import read_config
 
 BENCH = PROJECT_ROOT / "bench"
@@ -57,3 +57,32 @@ def test_cli_offers_the_backends_bench() -> None:
         timeout=60,
     )
     assert result.returncode == 0 and "backends" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_four_framework_models_differ_only_in_how_they_are_served() -> None:
+    """Python-wrapped vs native is a fair comparison only if batching, instances and tensors are the same."""
+    configs = {model: read_config(MODEL_REPOSITORY / model) for model in native_cost.MODELS.values()}
+    assert {configs[m].backend for m in ("digits_tf", "digits_torch")} == {"python"}
+    assert (configs["digits_tf_native"].backend, configs["digits_torch_native"].backend) == ("lab_tensorflow",
+                                                                                             "lab_libtorch")
+    for config in configs.values():
+        for field in ("name", "backend", "parameters", "default_model_filename"):
+            config.ClearField(field)
+    first = configs["digits_torch"]
+    assert all(config == first for config in configs.values())
+    assert first.dynamic_batching.max_queue_delay_microseconds == 2000 and first.instance_group[0].count == 1
+
+
+def test_the_native_report_sets_the_ratios_side_by_side() -> None:
+    frame = pd.DataFrame([
+        {"framework": fw, "served": how, "model": model, "throughput_rps_c16": 100.0 if how == "python" else 250.0,
+         "p50_ms_c1": 4.0 if how == "python" else 1.0, "errors": 0}
+        for (fw, how), model in native_cost.MODELS.items()
+    ])
+    ratios = native_cost.ratios(frame).set_index("framework")
+    assert list(ratios.index) == ["tensorflow", "torch"]
+    assert (ratios["throughput_c16_native_over_python"] == 2.5).all()
+    assert (ratios["p50_c1_native_over_python"] == 0.25).all()
+    text = native_cost.report(frame)
+    assert "torch      native / Python-wrapped: throughput at c=16 x2.50, p50 at c=1 x0.25" in text
+    assert all(model in text for model in native_cost.MODELS.values())

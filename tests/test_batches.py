@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from lab_backends.errors import LoadSettingError, TraceError
-from lab_backends.lessons import scheduler
+from lab_backends.lessons import batcher_stall, queue_policy_lesson, scheduler
 from lab_backends.measure import trace as tracing
 from lab_backends.measure.batches import batches, compute_spans, overlapping_pairs, timeline_facts
 from lab_backends.measure.plots_batches import batch_timeline
@@ -177,18 +177,26 @@ def test_live_timeline_with_two_instances(live) -> None:
 
 
 @pytest.mark.server
-def test_live_queue_policy(live) -> None:
+def test_live_queue_policy_bursts_show_the_policy_not_the_stall(live) -> None:
+    """The three bursts of 03b section 2, on the evidence the notebook checks (counts, trace stamps)."""
     server, shipped = live
-    full = scheduler.queue_full_burst(server, shipped, max_queue_size=4, burst=30)
-    assert 0 < full["ok"].sum() < 30
-    assert full.loc[~full["ok"], "error"].str.contains("Exceeds maximum queue size").all()
-    expired = scheduler.timeout_burst(server, shipped, timeout_ms=100, burst=24, fixed_ms=20)
-    assert 0 < expired["ok"].sum() < 24
-    assert expired.loc[~expired["ok"], "error"].str.contains("Request timeout expired").all()
-    prio = scheduler.priority_burst(server, shipped, burst=16)
-    assert prio["ok"].all()
-    medians = prio.groupby("priority")["latency_ms"].median()
+    full = queue_policy_lesson.queue_full_burst(server, shipped, max_queue_size=4, burst=30)
+    refused = full.failed_with(queue_policy_lesson.FULL)
+    assert 0 < full.served < 30 and len(refused) == 30 - full.served
+    assert full.counted_success == full.served and full.counted_fail == full.pings.expired  # refusals: uncounted
+    expired = queue_policy_lesson.timeout_burst(server, shipped, timeout_ms=100, burst=24, fixed_ms=40)
+    late = expired.failed_with(queue_policy_lesson.EXPIRED)
+    assert 0 < expired.served < 24 and len(late) == 24 - expired.served
+    assert expired.counted_fail == len(late) + expired.pings.expired
+    assert expired.expired_queue_ms.min() >= 100 and len(expired.expired_queue_ms) == len(late)
+    prio = queue_policy_lesson.priority_burst(server, shipped, burst=16, fixed_ms=40)
+    order = queue_policy_lesson.priority_order(prio)
+    assert prio.answers["ok"].all() and order["queued_before_first_end"] and order["passed_over"] == 0
+    medians = queue_policy_lesson.latency_by_priority(prio)["50%"]
     assert medians[1] < medians[2]
+    for run in (full, expired, prio):  # the pings kept the batcher awake, and none of them ran
+        assert run.pings.sent > 0 and run.pings.expired == run.pings.sent and not run.pings.other
+        assert run.longest_idle_ms < 100
 
 
 @pytest.mark.server
@@ -232,7 +240,10 @@ def test_live_panel_draws_the_batch_timeline(live) -> None:
 @pytest.mark.server
 def test_live_gil_threads_share_one_core_instances_are_processes(live) -> None:
     server, _ = live
-    table = scheduler.gil_compare(server, server.model_config(scheduler.GIL_MODEL), n=16, concurrency=8)
+    # 12 in flight, more than one batch holds (max_batch_size 8): a wave of requests cannot all go to one
+    # instance, so the second is busy while the first is. With 8 in flight a busy machine's client sent
+    # them as one wave, one batch of 8 at a time, and the two instances never overlapped (seen once).
+    table = scheduler.gil_compare(server, server.model_config(scheduler.GIL_MODEL), n=24, concurrency=12)
     assert (table["errors"] == 0).all()
     assert table.loc["1 instance, 2 threads", "cores_per_execute"] < 1.1
     assert list(table["stub_processes"]) == [1, 1, 2]
@@ -279,17 +290,48 @@ def test_live_batch_dimension_error_names_the_expected_shape(live) -> None:
     assert infer(server, MODEL, {"INPUT0": np.ones((1, 4), np.float32)})["OUTPUT0"].shape == (1, 4)
 
 
-def test_stalls_count_only_the_half_second_gaps() -> None:
-    # Response times (s) recorded on 2.51: 12-request bursts at one instance, two requests per batch,
-    # ~12 ms per batch. Without a queue policy the batches follow each other; with max_queue_size
-    # the same burst stalled twice, then four times.
-    plain = [0.012, 0.025, 0.025, 0.037, 0.037, 0.048, 0.049, 0.06, 0.061, 0.072, 0.073, 0.084]
-    policy = [0.012, 0.525, 0.526, 0.538, 0.538, 0.551, 0.551, 0.562, 0.563, 1.063, 1.064, 1.075]
-    worse = [0.017, 0.018, 0.514, 0.514, 0.526, 0.527, 1.027, 1.027, 1.527, 1.528, 2.027, 2.028]
-    assert scheduler.stalls(plain) == 0
-    assert scheduler.stalls(policy) == 2
-    assert scheduler.stalls(list(reversed(worse))) == 4  # order of arrival does not matter
-    assert scheduler.stalls([0.0, 0.9]) == 0  # longer than the batcher's wait: something else
+def _spans(batches_ms: list[tuple[float, float, list[float]]]) -> pd.DataFrame:
+    """Trace spans from (start_ms, end_ms, [queue_ms of each request of that batch])."""
+    rows = [{"request_id": f"r{b}-{i}", "queue_ns": int(q * 1e6), "start_ns": int(start * 1e6),
+             "end_ns": int(end * 1e6)}
+            for b, (start, end, queued) in enumerate(batches_ms) for i, q in enumerate(queued)]
+    return pd.DataFrame(rows, columns=["request_id", "queue_ns", "start_ns", "end_ns"])
+
+
+def test_idle_gaps_count_only_gaps_with_a_request_waiting() -> None:
+    # A burst at one instance (shape of a 2.51 run): the third batch's requests were queued at 1 ms,
+    # but it started 500 ms after the second began; the fourth's request arrived during the gap.
+    spans = _spans([(0, 12, [0]), (12.5, 24, [0.5, 1]), (512.5, 524, [1, 1]), (600, 610, [590])])
+    gaps = batcher_stall.idle_gaps(spans)
+    assert len(gaps) == 2  # 12->12.5 and 24->512.5 (requests waited); 524->600 does not count: nothing waited
+    stall = gaps[gaps["stall"]].iloc[0]
+    assert stall["idle_ms"] == pytest.approx(488.5) and stall["since_batch_start_ms"] == pytest.approx(500)
+    assert gaps["stall"].sum() == 1 and stall["at_ms"] == pytest.approx(24)
+    # Two instances overlapping: no gap while one of them runs.
+    assert batcher_stall.idle_gaps(_spans([(0, 20, [0]), (5, 30, [1]), (31, 40, [2])]))["idle_ms"].tolist() == \
+        pytest.approx([1.0])
+    assert batcher_stall.idle_gaps(_spans([])).empty
+
+
+def test_the_ping_level_is_below_the_real_ones_and_expires_at_once() -> None:
+    plain, level = batcher_stall.with_ping_level({"default_queue_policy": {"max_queue_size": 4}})
+    assert level == 2 and plain["priority_levels"] == 2 and plain["default_priority_level"] == 1
+    assert plain["priority_queue_policy"] == {"2": {"default_timeout_microseconds": batcher_stall.PING_TIMEOUT_US}}
+    assert plain["default_queue_policy"] == {"max_queue_size": 4}  # the real requests' level keeps it
+    levels, level = batcher_stall.with_ping_level({"priority_levels": 2, "default_priority_level": 2})
+    assert level == 3 and levels["priority_levels"] == 3 and levels["default_priority_level"] == 2
+
+
+@pytest.mark.server
+def test_live_stall_report_remeasures_when_forced(live, monkeypatch) -> None:
+    """The re-measure branch of ``stall_report`` (taken when a round shows no stall), forced."""
+    server, shipped = live
+    monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
+    report = batcher_stall.stall_report(server, shipped, bursts=2, burst=6, rounds=2)
+    assert report.rounds == 2 and report.table.loc[batcher_stall.STALLING, "bursts"] == 4
+    assert list(report.table.index) == list(batcher_stall.CONFIGS)
+    pinged = report.table.loc["1 instance, max_queue_size 100, pings"]
+    assert pinged["stalls"] == 0 and pinged["pings"] == pinged["pings_expired"] > 0
 
 
 @pytest.mark.server
@@ -297,25 +339,26 @@ def test_stalls_count_only_the_half_second_gaps() -> None:
 def test_upstream_queue_policy_stalls_the_batcher_half_a_second(live) -> None:
     """Triton 2.51: with a queue policy the batcher sometimes sleeps its 500 ms wait with requests queued.
 
-    A race (see ``scheduler.policy_stalls``), so it is counted over 8 bursts of 6 batches (40 gaps):
-    measured here, about a third of the gaps stalled with a policy and none without. Being a race,
-    a round of 8 bursts without a stall is re-measured, at most 3 rounds (120 gaps) in all, before
-    the pin says the defect is gone. 03b's queue-policy note explains it to learners. When this
-    fails, an upgrade fixed it: drop the note and this test.
+    A race (see ``lessons/batcher_stall.py``), counted from the trace over 8 bursts of 6 batches at one
+    instance: measured here, about half of the gaps between batches stalled with a policy, none without
+    one. Being a race, a round without a stall is re-measured, at most 3 rounds in all, before the pin
+    says the defect is gone. Each stall ends about 500 ms after the previous batch started (the
+    batcher's ``default_wait_microseconds``). 03b section 3 explains it to learners. When this fails,
+    an upgrade fixed it: drop that section, the pings of section 2 and this test.
     """
     server, shipped = live
-    plain = scheduler.policy_stalls(server, shipped, {})
+    plain, _ = batcher_stall.measure(server, shipped, 1, {})
     assert (plain["served"] == 12).all()
-    rounds = []
+    rounds, gaps = [], None
     for _ in range(3):
-        policy = scheduler.policy_stalls(server, shipped, {"default_queue_policy": {"max_queue_size": 100}})
+        policy, gaps = batcher_stall.measure(server, shipped, 1, batcher_stall.POLICY)
         assert (policy["served"] == 12).all()
         rounds.append(int(policy["stalls"].sum()))
         if rounds[-1] >= 1:
             break
     assert rounds[-1] >= 1, (
         f"no ~0.5 s batcher stall in {len(rounds)} rounds of {len(policy)} bursts with a queue policy "
-        f"(last spans {policy['span_ms'].tolist()} ms; on 2.51 about a third of the gaps stalled): "
-        "the upstream race seems fixed; update 03b's note and drop this test")
-    assert plain["stalls"].sum() < rounds[-1] or plain["stalls"].sum() == 0, (
-        f"without a policy the batcher stalled as often ({plain['stalls'].sum()}) as with one: machine too busy?")
+        f"(last spans {policy['span_ms'].round(0).tolist()} ms; on 2.51 about half of the gaps stalled): "
+        "the upstream race seems fixed; update 03b and drop this test")
+    assert gaps.loc[gaps["stall"], "since_batch_start_ms"].between(450, 650).all()
+    assert plain["stalls"].sum() == 0, f"without a policy the batcher stalled {plain['stalls'].sum()} times"

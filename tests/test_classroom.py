@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -91,3 +92,31 @@ def test_orphans_in_a_learner_namespace_are_reaped() -> None:
             for name, c in runs.items()}
     assert seen["dumb-init"] == "reaped", f"an orphan in a learner's namespace was left as {seen['dumb-init']!r}"
     assert seen["control, no init"] == psutil.STATUS_ZOMBIE, f"control failed: {seen}"
+
+
+#: Run inside a namespace: what /dev/shm holds, then a region of its own left behind.
+_SHM_PROBE = """
+import os, sys
+print(sorted(os.listdir('/dev/shm')))
+open('/dev/shm/' + sys.argv[1], 'w').write('inside')
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or not settings.DUMB_INIT.exists(),
+                    reason="needs root, unshare and the class extra's dumb-init (make test has all three)")
+def test_a_learner_namespace_has_a_dev_shm_of_its_own() -> None:
+    """A region on the machine's /dev/shm is not seen inside; one made inside never reaches the machine's."""
+    outside, inside = f"lab-probe-host-{os.getpid()}", f"lab-probe-learner-{os.getpid()}"
+    host = Path("/dev/shm") / outside
+    host.write_text("host")
+    try:
+        cmd = spawner.namespace_command("root", [sys.executable, "-c", _SHM_PROBE, inside])
+        seen = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+        assert seen.returncode == 0, seen.stderr
+        assert outside not in seen.stdout and "[" in seen.stdout, seen.stdout
+        assert not (Path("/dev/shm") / inside).exists(), "the learner's region reached the machine's /dev/shm"
+        control = subprocess.run([sys.executable, "-c", _SHM_PROBE, inside], capture_output=True, text=True)
+        assert outside in control.stdout, "control: the probe does not see the machine's /dev/shm outside"
+    finally:
+        host.unlink(missing_ok=True)
+        (Path("/dev/shm") / inside).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ audit that could not fail would be caught here.
 
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 from pathlib import Path
@@ -17,11 +18,36 @@ import pytest
 from lab_backends import cli
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons import exercises
-from lab_backends.lessons.exercises import audit
+from lab_backends.lessons.exercises import as_taught, audit
 from lab_backends.lessons.exercises.audit import Wrong
+from lab_backends.lessons.exercises.registry import load_module
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-LINE = re.compile(r"^(\w+) skeleton=(\S+) reference=(\S+) wrong=(\d+)/(\d+) rejected alternative=(\d+)/(\d+) accepted$")
+COUNTS = r"skeleton=(\S+) reference=(\S+) wrong=(\d+)/(\d+) rejected alternative=(\d+)/(\d+) accepted"
+LINE = re.compile(rf"^(\w+) {COUNTS}; as-taught: {COUNTS}$")
+#: The throw-away exercise as a file: the as-taught path runs in another process, which registers it from here.
+TOY_PLUGIN = """
+from pathlib import Path
+
+from lab_backends.errors import ExerciseError
+from lab_backends.lessons.exercises import registry
+from lab_backends.lessons.exercises.registry import EXERCISES, Exercise
+
+
+def checker(answer, server, factor=2):
+    if answer is None:
+        raise NotImplementedError("write double(x)")
+    got = answer(3)
+    if got != factor * 3:
+        raise ExerciseError(f"double(3) returned {got!r}, expected {factor * 3}: multiply by {factor}")
+    return "double(3) == 6"
+
+
+TOY = Exercise("toy_double", "toy", "double x", (), checker)
+if __name__ == "as_taught_plugin":  # in the audit's fresh process only (the tests register it with monkeypatch)
+    EXERCISES["toy_double"] = TOY
+    registry.SOLUTIONS_DIR = Path(__file__).parent / "solutions"
+"""
 
 
 def test_every_exercise_has_a_solution_and_a_notebook_that_checks_it() -> None:
@@ -62,27 +88,26 @@ def test_unknown_exercise_and_missing_answer() -> None:
 
 @pytest.fixture()
 def toy(tmp_path, monkeypatch):
-    """A throw-away exercise 'toy_double' (answer(x) == 2 * x), its notebook, solution and cases."""
-    def checker(answer, server, factor=2):
-        if answer is None:
-            raise NotImplementedError("write double(x)")
-        got = answer(3)
-        if got != factor * 3:
-            raise ExerciseError(f"double(3) returned {got!r}, expected {factor * 3}: multiply by {factor}")
-        return "double(3) == 6"
+    """A throw-away exercise 'toy_double' (answer(x) == 2 * x), its notebook, solution and cases.
 
-    monkeypatch.setitem(exercises.EXERCISES, "toy_double",
-                        exercises.Exercise("toy_double", "toy", "double x", (), checker))
+    The audit's learner path runs in the test process (``as_taught.judge_all``) except where a test
+    says otherwise: one test runs it in a fresh process, as ``make test``'s audit does.
+    """
+    plugin = tmp_path / "toy_plugin.py"
+    plugin.write_text(TOY_PLUGIN)
+    monkeypatch.setitem(exercises.EXERCISES, "toy_double", load_module(plugin, "toy_plugin").TOY)
     notebooks, solutions, cases = tmp_path / "notebooks", tmp_path / "solutions", tmp_path / "cases"
     for folder in (notebooks, solutions, cases):
         folder.mkdir()
-    cells = [{"cell_type": "code", "source": "double = None  # your answer\n"},
+    cells = [{"cell_type": "code", "source": "from lab_backends.lessons import exercises\n"},
+             {"cell_type": "code", "source": "double = None  # your answer\n"},
              {"cell_type": "markdown", "source": "check it"},
              {"cell_type": "code", "source": 'print("task")\nresult = exercises.check("toy_double", double)\n'}]
     (notebooks / "toy.ipynb").write_text(__import__("json").dumps({"cells": cells}))
     (solutions / "toy_double.py").write_text("def answer(x):\n    return x * 2\n")
     monkeypatch.setattr(exercises.registry, "SOLUTIONS_DIR", solutions)
-    return notebooks, cases
+    monkeypatch.setattr(audit.audit_one, "__defaults__", (None, cases, notebooks, as_taught.judge_all))
+    return notebooks, cases, plugin
 
 
 def _cases(folder: Path, text: str) -> None:
@@ -91,20 +116,55 @@ def _cases(folder: Path, text: str) -> None:
 
 
 def test_the_audit_line_and_its_verdict(toy) -> None:
-    notebooks, cases = toy
+    """Both paths, the learner's in a fresh process as ``make test`` runs it, agree on every answer."""
+    notebooks, cases, plugin = toy
     _cases(cases, """
         WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5"), Wrong("squares", lambda x: x * x, r"returned 9"),
                  Wrong("zero", lambda x: 0, r"returned 0")]
         ALTERNATIVES = [lambda x: x + x]
     """)
-    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
-    assert verdict.line() == ("toy_double skeleton=not-attempted reference=pass "
-                              "wrong=3/3 rejected alternative=1/1 accepted")
+    fresh = functools.partial(as_taught.in_fresh_process, plugin=plugin)
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks, learner_path=fresh)
+    counts = "skeleton=not-attempted reference=pass wrong=3/3 rejected alternative=1/1 accepted"
+    assert verdict.line() == f"toy_double {counts}; as-taught: {counts}"
     assert verdict.ok and verdict.problems == [] and LINE.match(verdict.line())
 
 
+def test_the_learner_path_is_the_check_cell_as_the_notebook_has_it(toy) -> None:
+    """A check cell that uses a name its notebook never imports fails as taught though it passes directly
+    (notebook 10's fallbacks once did): a shortfall, named per answer."""
+    notebooks, cases, _ = toy
+    _cases(cases, """
+        WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")] * 3
+        ALTERNATIVES = [lambda x: x + x]
+    """)
+    book = notebooks / "toy.ipynb"
+    call = r'toy_double\", double)\n'
+    book.write_text(book.read_text().replace(call, call + r"observability.note()\n"))
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
+    assert verdict.rejected == 3 and verdict.accepted == 1 and verdict.reference == "pass"  # the direct path
+    assert verdict.as_taught.reference == "error" and not verdict.ok
+    assert "reference: direct pass, as-taught error: the learner's path disagrees" in verdict.problems
+    assert any("uses 'observability', which no cell above binds" in p for p in verdict.problems), verdict.problems
+
+
+def test_an_answer_the_check_cell_assigns_itself_replaces_that_line(toy) -> None:
+    """``my_batcher = None  # your override`` inside the check cell is the line a learner edits."""
+    notebooks, cases, _ = toy
+    _cases(cases, """
+        WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")] * 3
+        ALTERNATIVES = [lambda x: x + x]
+    """)
+    book = notebooks / "toy.ipynb"
+    call = "result = exercises.check("
+    book.write_text(book.read_text().replace(call, "double = None  # yours\\n" + call))
+    verdict = audit.audit_one("toy_double", cases_dir=cases, notebooks_dir=notebooks)
+    assert verdict.ok, verdict.problems
+    assert verdict.as_taught.skeleton == "not-attempted" and verdict.as_taught.accepted == 1
+
+
 def test_the_audit_falls_short_for_each_kind_of_unfair_checker(toy) -> None:
-    notebooks, cases = toy
+    notebooks, cases, _ = toy
     _cases(cases, """
         WRONG = [Wrong("correct after all", lambda x: 2 * x, r"returned"),
                  Wrong("refused for another reason", lambda x: x + 1, r"negative"),
@@ -121,7 +181,7 @@ def test_the_audit_falls_short_for_each_kind_of_unfair_checker(toy) -> None:
 
 
 def test_too_few_cases_and_a_skeleton_that_is_not_handed_out_fall_short(toy) -> None:
-    notebooks, cases = toy
+    notebooks, cases, _ = toy
     _cases(cases, """
         WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")]
         ALTERNATIVES = []
@@ -148,14 +208,14 @@ def test_a_refused_answer_is_one_line_and_raises_only_on_request(toy, capsys, mo
 
 
 def test_the_command_exits_non_zero_when_an_exercise_falls_short(toy, monkeypatch, capsys) -> None:
-    notebooks, cases = toy
+    notebooks, cases, _ = toy
     _cases(cases, """
         WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")] * 3
         ALTERNATIVES = [lambda x: x * 3]
     """)
     monkeypatch.setattr(audit, "CASES_DIR", cases)
     monkeypatch.setattr(audit, "NOTEBOOKS_DIR", notebooks)
-    monkeypatch.setattr(audit.audit_one, "__defaults__", (None, cases, notebooks))
+    monkeypatch.setattr(audit.audit_one, "__defaults__", (None, cases, notebooks, as_taught.judge_all))
     assert cli.main(["exercises", "audit", "--only", "toy_double"]) == 1
     captured = capsys.readouterr()
     assert LINE.match(captured.out.splitlines()[0]) and "alternative=0/1" in captured.out
@@ -167,3 +227,13 @@ def test_the_command_exits_non_zero_when_an_exercise_falls_short(toy, monkeypatc
 def test_check_starts_its_own_server_when_given_none() -> None:
     result = exercises.check("kserve_json_body", exercises.load_solution("kserve_json_body"), quiet=True)
     assert result.passed and result.message.startswith("✓ kserve_json_body:")
+
+
+def test_the_workers_get_about_equal_shares_of_the_audit() -> None:
+    names = sorted(exercises.EXERCISES) + ["new_unmeasured"]
+    groups = audit.balanced(names, 3)
+    assert sorted(n for g in groups for n in g) == sorted(names)  # each exactly once
+    loads = [sum(audit.TYPICAL_S.get(n, audit.DEFAULT_S) for n in g) for g in groups]
+    assert max(loads) - min(loads) <= max(audit.TYPICAL_S.values())
+    assert set(audit.TYPICAL_S) == set(exercises.EXERCISES), "measure the new exercise and add it to TYPICAL_S"
+    assert audit.balanced(["a"], 3) == [["a"]]

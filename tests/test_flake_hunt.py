@@ -116,7 +116,14 @@ def test_server_tests_use_the_server_marker(tmp_path):
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'"{flake_hunt.SERVER_MARKER}: ' in pyproject
     cmd = flake_hunt.server_test_command(["batch", "stream"], tmp_path / "r.xml")
-    assert cmd[cmd.index("-m", 2):cmd.index("tests") + 1] == ["-m", "server", "-k", "batch or stream", "tests"]
+    assert cmd[cmd.index("-m", 2):cmd.index("tests") + 1] == [
+        "-m", "server", *flake_hunt.SERVER_FLAGS, "-k", "batch or stream", "tests"]
+
+
+def test_server_tests_are_spread_as_make_test_spreads_them():
+    line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "-m server" in line)
+    make_args = shlex.split(line.split("-m server", 1)[1])
+    assert make_args[:len(flake_hunt.SERVER_FLAGS)] == flake_hunt.SERVER_FLAGS
 
 
 def test_make_test_rounds_record_the_exit_status_and_wall_time(tmp_path):

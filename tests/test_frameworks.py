@@ -8,11 +8,13 @@ One server for the module, started with nothing loaded: the models are loaded on
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lab_backends.digits import reference
 from lab_backends.errors import LabBackendsError
-from lab_backends.lessons import framework_costs, frameworks
+from lab_backends.lessons import framework_costs, framework_reading, frameworks
+from lab_backends.notebook import check_measured
 from lab_backends.server.triton_server import TritonServer
 
 MODELS = list(frameworks.WRAPPED.values())
@@ -166,3 +168,51 @@ def test_gpu_status_messages_say_what_is_skipped() -> None:
     ready = frameworks.GpuStatus(True, ["KIND_GPU models ready: digits_torch_gpu"], ["digits_torch_gpu"])
     assert ready.can_compare and "comparing digits_torch_gpu" in ready.message()
     assert frameworks.served("digits_torch_gpu").input == "PIXELS__0"
+
+
+@pytest.mark.server
+def test_the_busy_remeasure_runs_when_forced(server, capsys) -> None:
+    """Notebook 05 re-measures its batching claim only after a miss: force the miss, run the real windows."""
+    missed = pd.DataFrame({"config": MODELS, "concurrency": [4] * 3, "avg_batch": [0.0] * 3})  # below 0.5: a miss
+    again = check_measured("batches merged", missed, lambda b: b["avg_batch"].min(), above=0.5,
+                           remeasure=framework_reading.busy_again(server, MODELS, 4, 0.25))
+    assert "re-measuring once" in capsys.readouterr().out
+    assert again["config"].tolist() == MODELS and (again["concurrency"] == 4).all()
+    assert (again["errors"] == 0).all() and (again["ok"] > 0).all()
+
+
+@pytest.mark.server
+def test_where_time_goes_splits_a_request_from_the_servers_numbers(server) -> None:
+    """The split notebook 05 prints: the server's stages for one request in flight, the framework call beside them."""
+    frame = frameworks.side_by_side(server, MODELS, concurrencies=(1,), duration_s=0.5, requests=40, warmup_requests=4)
+    calls = frameworks.thread_timings(threads=(1,), batches=(1,), repeats=5)
+    split = framework_reading.where_time_goes(frame, calls)
+    assert list(split.index) == MODELS
+    assert np.isnan(split.loc["digits_tf", "framework_call_ms"])
+    assert (split.loc[MODELS[:2], "framework_call_ms"] > 0).all()
+    assert (split["compute_infer_ms"] < split["latency_ms"]).all() and (split["outside_server_ms"] > 0).all()
+    delay = framework_reading.batcher_delay_ms(server, "digits_onnx")
+    assert delay == 2.0 and (split["queue_ms"] >= 0.9 * delay).all(), split["queue_ms"]
+    lines = framework_reading.time_lines(split)
+    assert len(lines) == 5 and "not timed alone" in lines[2] and "took" in lines[-1]
+
+
+def test_readings_follow_the_numbers_not_a_script() -> None:
+    index = pd.MultiIndex.from_tuples([("onnx", 64), ("onnx", 1), ("torch", 1)], names=["framework", "batch"])
+    table = pd.DataFrame({"2 threads / 1 thread": [0.5, 1.05, 2.0]}, index=index)
+    lines = framework_reading.thread_lines(table)
+    assert "helped: 2.0x faster" in lines[0] and "no difference" in lines[1] and "cost time: 2.0x slower" in lines[2]
+    split = pd.DataFrame({"latency_ms": [4.0, 5.0], "queue_ms": [2.0, 2.0], "compute_infer_ms": [1.0, 2.0],
+                          "framework_call_ms": [1.2, float("nan")], "compute_infer_share": [0.25, 0.4]},
+                         index=["digits_torch", "digits_tf"])
+    split["framework_share"] = split["framework_call_ms"] / split["latency_ms"]
+    split["stub_and_model_py_ms"] = split["compute_infer_ms"] - split["framework_call_ms"]
+    lines = framework_reading.time_lines(split)
+    assert "~1.20 ms (30% of the request): more than compute_infer itself" in lines[0]
+    assert "took 30%-30% of a request here (digits_torch)" in lines[2]
+    assert "1.25x the fastest's (digits_torch, 4.00 ms)" in lines[3]
+    costs = pd.DataFrame({"rss_mb_per_instance": [90.0, 700.0]}, index=["digits_onnx", "digits_tf"])
+    foot = framework_reading.footprint_lines(costs, pd.Series({"digits_onnx": 16.6, "digits_tf": 16.6}))
+    assert "stub 700 MB resident (683 MB more" in foot[1] and "~1400 MB before any request" in foot[2]
+    sizes = framework_reading.artifact_mb(MODELS)
+    assert (sizes > 1).all() and sizes.max() / sizes.min() < 1.1, "the same weights, three files of about one size"

@@ -65,7 +65,9 @@ def test_derive_config_changes_only_what_is_named():
     assert tuned.instance_group[0].count == 2 and len(tuned.instance_group) == 1
     assert tuned.parameters["fixed_ms"].string_value == "3"
     assert tuned.parameters["per_item_ms"].string_value == "0.2"  # maps merge, they are not replaced
-    assert derive_config(base, lambda c: c).SerializeToString() == base.SerializeToString()
+    # deterministic: map fields (parameters) are otherwise serialized in no fixed order
+    assert (derive_config(base, lambda c: c).SerializeToString(deterministic=True)
+            == base.SerializeToString(deterministic=True))
     with pytest.raises(LoadSettingError, match="not a model config field"):
         derive_config(base, {"dynamic_batch": {}})
     with pytest.raises(LoadSettingError, match="bad value for config field 'max_batch_size'"):

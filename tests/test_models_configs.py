@@ -30,6 +30,8 @@ INTERFACE = {
     "digits_torch": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
     "digits_onnx": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
     "digits_tf": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
+    "digits_tf_native": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
+    "digits_torch_native": ({"PIXELS": (T.TYPE_FP32, [64])}, {"LOGITS": (T.TYPE_FP32, [10])}),
     "digits_postprocess": (
         {"LOGITS": (T.TYPE_FP32, [10])}, {"LABELS": (T.TYPE_STRING, [3]), "PROBS": (T.TYPE_FP32, [3])}),
     "digits_ensemble": (
@@ -70,7 +72,7 @@ def test_interface_names_types_and_dims(name):
     assert _tensors(config.input) == inputs
     assert _tensors(config.output) == outputs
     assert config.max_batch_size > 0
-    if name in ("digits_torch", "digits_onnx", "digits_tf"):
+    if name in ("digits_torch", "digits_onnx", "digits_tf", "digits_tf_native", "digits_torch_native"):
         assert config.max_batch_size == 64 and config.HasField("dynamic_batching")
         # The same batcher setting and one instance: the frameworks are compared on equal terms (notebook 05).
         reference = read_config(MODEL_REPOSITORY / "digits_torch")

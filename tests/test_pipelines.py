@@ -74,3 +74,13 @@ def test_latencies_interleaved(traced, images) -> None:
     assert set(summary.index) == {"ensemble", "client:onnx"} and (summary["requests"] == 4).all()
 
 
+
+
+@pytest.mark.server
+def test_traced_glue_is_a_median_per_parent(traced, images) -> None:
+    """Shape only: the timing claims on it are the notebook's (checked there, re-measured once)."""
+    server, trace_file = traced
+    glue = pipelines.traced_glue(server, trace_file, images[:1], repeats=3)
+    assert list(glue.index) == list(pipelines.PARENTS)
+    assert (glue["children"] == 3).all()
+    assert (glue["children_ms"] > 0).all() and (glue["glue_ms"] < glue["parent_ms"]).all()

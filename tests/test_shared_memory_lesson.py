@@ -1,4 +1,4 @@
-"""lessons/shared_memory.py against a real server: four ways agree, Triton's three errors, nothing left behind.
+"""lessons/shared_memory.py against a real server: four ways agree, Triton's four errors, nothing left behind.
 
 One embedded server (``echo``) for the module. Every test names its regions with its own token, so
 it checks ``/dev/shm`` and the server's registry for exactly those names.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import pandas as pd
 import pytest
 from tritonclient.utils.shared_memory import SharedMemoryException
 
@@ -50,15 +51,37 @@ def test_four_ways_agree_and_shared_memory_sends_no_tensor_bytes(server: TritonS
     _assert_clean(server, token)
 
 
-def test_three_mistakes_get_tritons_own_errors(server: TritonServer) -> None:
+def test_four_mistakes_get_tritons_own_errors(server: TritonServer) -> None:
     token = _token()
     failures = shared_memory.failure_modes(server, n=1024, token=token)
+    assert list(failures.index) == list(shared_memory.FAILURES)
     assert failures["matches"].all(), failures[["error", "expected"]].to_dict("index")
     assert "lab_shm_never_registered" in failures.loc["unregistered region", "error"]
-    assert f"lab_shm_{token}_input" in failures.loc["offset + size past the region", "error"]
-    # The allocator names both sizes: the region's declared 2048 bytes and the 4096 the output needs.
-    assert "(2048 bytes) should be at least 4096 bytes" in failures.loc["output region too small", "error"]
+    assert f"lab_shm_{token}_input" in failures.loc["input offset + size past the region", "error"]
+    # 4096 bytes stated for the 2048-byte region: refused on the region's bounds, before the model runs.
+    assert f"lab_shm_{token}_small" in failures.loc["output size past the region", "error"]
+    # 2048 bytes stated for the 4096-byte region: the allocator compares the output with the STATED size,
+    # not the region's (http_server.cc 1229-1243 at r24.10).
+    assert "(2048 bytes) should be at least 4096 bytes" in failures.loc["output size stated too small", "error"]
     _assert_clean(server, token)
+
+
+def _ways(shm: tuple[float, float], binary: tuple[float, float]) -> pd.DataFrame:
+    rows = {"REST, JSON tensors": (40.0, 50.0), "REST, binary tensors": binary,
+            "gRPC (protobuf, raw bytes)": (3.0, 4.0), shared_memory.SHM_WAY: shm}
+    return pd.DataFrame([{"variant": k, "p50_ms": a, "p90_ms": b} for k, (a, b) in rows.items()]).set_index("variant")
+
+
+@pytest.mark.parametrize("shm, binary, verdict, sign", [
+    ((0.7, 0.8), (3.0, 6.0), "shared memory was faster", "+2.30 ms"),
+    ((2.0, 3.5), (1.9, 2.4), "no clear difference", "-0.10 ms"),  # a learner's run: not faster at p50
+    ((3.0, 3.2), (1.0, 1.5), "shared memory was slower", "-2.00 ms"),
+])
+def test_latency_lines_say_what_this_run_measured(shm, binary, verdict, sign) -> None:
+    lines = shared_memory.latency_lines(_ways(shm, binary), 1 << 20)
+    assert verdict in lines[1], lines
+    assert sign in lines[2] and "1.00 MiB" in lines[2], lines
+    assert lines[3].startswith("p50 relative to shared memory: REST, JSON tensors")
 
 
 def test_regions_are_unregistered_and_destroyed_after_an_exception(server: TritonServer) -> None:
@@ -112,3 +135,37 @@ def test_a_server_elsewhere_is_replaced_by_an_embedded_one() -> None:
         assert local.target == "local" and local.model_ready("echo")
     finally:
         local.stop()
+
+
+IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."
+
+
+class _HeldRegion:
+    """A client whose server still holds the region for ``held`` attempts (the branch a busy machine
+    takes: Triton's own refusal text, server ``src/shared_memory_manager.cc`` 690-693 at r24.10)."""
+
+    def __init__(self, held: int, error: str = IN_USE) -> None:
+        self.held, self.error, self.calls = held, error, 0
+
+    def unregister_system_shared_memory(self, name: str, headers=None) -> None:
+        self.calls += 1
+        if self.calls <= self.held:
+            raise shared_memory.InferenceServerException(self.error)
+
+
+def test_unregister_waits_for_a_region_still_in_use() -> None:
+    client = _HeldRegion(held=3)
+    shared_memory.unregister(client, "r")
+    assert client.calls == 4
+
+
+@pytest.mark.parametrize("held, error, calls", [
+    (10**6, IN_USE, None),  # never let go
+    (1, "Unable to find system shared memory region: 'r'", 1),  # another refusal: no retry
+])
+def test_unregister_raises_what_it_cannot_wait_out(monkeypatch, held, error, calls) -> None:
+    monkeypatch.setattr(shared_memory, "RELEASE_WAIT_S", 0.1)
+    client = _HeldRegion(held, error)
+    with pytest.raises(shared_memory.InferenceServerException, match=error.split(":")[0][:30]):
+        shared_memory.unregister(client, "r")
+    assert client.calls == calls if calls is not None else client.calls > 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -91,3 +92,45 @@ def test_bad_sequences_are_refused_clearly(server) -> None:
         sequences.drive_interleaved(server, {5: []})
 
 
+
+
+NEVER_FINAL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled, and never closes its requests: one response, no FINAL flag (a learner's mistake)."""
+
+    def execute(self, requests):
+        for request in requests:
+            out = pb_utils.Tensor("OUT", np.array([1], np.int32))
+            request.get_response_sender().send(pb_utils.InferenceResponse([out]))
+        return None
+'''
+
+
+def test_a_stream_that_never_ends_times_out_instead_of_hanging(tmp_path) -> None:
+    """Past its deadline grpc_stream cancels the request: tritonclient's stop_stream() without
+    cancel_requests waits for every request on the stream to end, which this model never does."""
+    model = tmp_path / "repo" / "never_final"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(NEVER_FINAL)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    raised: list[BaseException] = []
+
+    def call(server) -> None:
+        try:
+            streaming.grpc_stream(server, "never_final", {"IN": np.array([1], np.int32)}, timeout_s=0.5)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            raised.append(exc)
+
+    with TritonServer(tmp_path / "repo", target="local", startup_timeout_s=180) as server:
+        caller = threading.Thread(target=call, args=(server,), daemon=True)
+        caller.start()
+        caller.join(30)
+        assert not caller.is_alive(), "grpc_stream still waiting 30 s after its 0.5 s deadline"
+    assert raised and isinstance(raised[0], StreamingError) and "1 response(s) but no final one" in str(raised[0])

@@ -2,7 +2,7 @@
 
 ``cost_model`` (a plain Python model, ~1.5 s a load) stands in for the lesson's torch model: the
 counts do not depend on the model. Only deterministic evidence is asserted: the warm-up's
-executions are N instances x K samples before any client request, none without a warm-up.
+executions are N instances x the sample's count K before any client request, none without a warm-up.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_without_model_warmup_nothing_has_run_at_ready(server: TritonServer) -> 
     assert run.ready_s > 0 and math.isfinite(run.first_compute_ms) and math.isfinite(run.later_compute_ms)
 
 
-def test_model_warmup_runs_instances_times_samples_before_ready(server: TritonServer) -> None:
+def test_model_warmup_runs_instances_times_count_before_ready(server: TritonServer) -> None:
     run = warmup_lesson.cold_load(server, warm=3, instances=2, later=1, model=MODEL)
     assert (run.executions_at_ready, run.inferences_at_ready) == (2 * 3, 2 * 3)
     # The client's two requests come on top: the statistics now count 6 + 2 executions.

@@ -8,6 +8,8 @@ from a thread other than the one that built it, as a widget callback may run.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -198,3 +200,24 @@ def test_panel_runs_from_a_callback_thread_with_a_deadline(server) -> None:
     assert _images(panel.widget) == [panel.image] and bytes(panel.image.value).startswith(b"\x89PNG")
     timeline = panel._figure.axes[3]
     assert panel.last_batches is not None and _overlaps(_label_boxes(timeline)) == 0
+
+
+@pytest.mark.server
+def test_a_crashed_server_is_named_and_run_again_restarts_it(tmp_path, capsys) -> None:
+    """Notebook 03's one re-run, forced: the server dies (finding 14 saw Triton segfault under the panel's
+    load); run() says it crashed instead of "connection refused", and run_again() restarts it and runs."""
+    from lab_backends.server.triton_server import TritonServer
+
+    with TritonServer(models=[MODEL], trace_file=tmp_path / "trace.json", trace_level=("OFF",),
+                      trace_log_frequency=1) as server:
+        panel = widgets.BatchingPanel(server, MODEL, requests=40, duration_s=1.0, concurrency=4)
+        dead = server.pid
+        os.kill(dead, signal.SIGKILL)
+        assert _wait(lambda: server.exit_code() is not None, 30)
+        assert panel.run() is None
+        assert f"tritonserver (pid {dead})" in panel.error and "server.restart()" in panel.error, panel.error
+        assert "killed" in panel.status.value, panel.status.value
+        row = panel.run_again()
+        assert f"re-run after a crash: tritonserver (pid {dead})" in capsys.readouterr().out
+        assert row is not None and row["errors"] == 0, panel.error
+        assert server.pid != dead and server.is_ready()

@@ -62,8 +62,11 @@ output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ 16 ] }}, {{ name: "OUTPUT
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 '''
 
-#: Shared by the scripts: inputs, and unregistering that retries Triton's "currently in use" (a request
-#: releases the region a moment after its answer: src/shared_memory_manager.cc 686-695 at r24.10).
+#: Shared by the scripts: inputs, and unregistering that retries while a region is still in use. A request
+#: releases its region a moment after its answer (server src/shared_memory_manager.cc 686-695 at r24.10:
+#: "currently in use"). Unregistering *all* regions hides that reason: UnregisterAll (634-676) logs it
+#: and answers only "Failed to unregister the following ... regions: <names>" (a fresh clone's CI
+#: failed on exactly that), so both texts are retried, bounded.
 PRELUDE = '''
 import os, sys, time
 import numpy as np
@@ -75,12 +78,15 @@ b = np.ones((1, 16), dtype=np.int32)
 tag = f"/wk_{os.getpid()}"
 
 
+IN_USE = ("currently in use", "Failed to unregister the following")
+
+
 def unregister_all(client):
     for _ in range(250):
         try:
             return client.unregister_system_shared_memory()
         except utils.InferenceServerException as exc:
-            if "currently in use" not in str(exc):
+            if not any(text in str(exc) for text in IN_USE):
                 raise
             time.sleep(0.02)
     raise RuntimeError("a region stayed in use for 5 s")

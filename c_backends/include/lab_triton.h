@@ -43,6 +43,8 @@ typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
 typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+/* Creates responses for one request, also after the request is released (decoupled models). */
+typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
 /* A custom batching strategy's own read-only data, behind an opaque pointer (batching, below). */
 typedef struct TRITONBACKEND_Batcher TRITONBACKEND_Batcher;
 
@@ -99,9 +101,21 @@ typedef enum {
   TRITONSERVER_PARAMETER_BYTES = 4
 } TRITONSERVER_ParameterType;
 
-/* Flags for TRITONBACKEND_ResponseSend and TRITONBACKEND_RequestRelease. */
+/* Flags for TRITONBACKEND_ResponseSend and TRITONBACKEND_RequestRelease (core
+ * include/triton/core/tritonserver.h:955-973 at r24.10). RESCHEDULE hands an unfinished request
+ * back to the model's scheduler instead of ending it; only a scheduler that handles it accepts it
+ * (sequence_batching { iterative_sequence: true }: core src/sequence_batch_scheduler/sequence_utils.cc
+ * 32-58), any other model's release fails with INVALID_ARG and the request stays the backend's
+ * (core src/infer_request.cc:113-125, src/backend_model.cc:1346-1360). */
 #define TRITONSERVER_RESPONSE_COMPLETE_FINAL 1u
 #define TRITONSERVER_REQUEST_RELEASE_ALL 1u
+#define TRITONSERVER_REQUEST_RELEASE_RESCHEDULE 2u
+/* Request flags (TRITONBACKEND_RequestFlags): a sequence's first and last request. The iterative
+ * sequencer gives a request without a correlation ID one of its own and SEQUENCE_START
+ * (core src/sequence_batch_scheduler/sequence_utils.h:73-90), and clears the flags of a
+ * rescheduled one (sequence_utils.cc:36-38). */
+#define TRITONSERVER_REQUEST_FLAG_SEQUENCE_START 1u
+#define TRITONSERVER_REQUEST_FLAG_SEQUENCE_END 2u
 
 /* ---------------------------------------------------------------- server utilities */
 TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
@@ -124,6 +138,11 @@ TRITONSERVER_Error* TRITONBACKEND_BackendName(TRITONBACKEND_Backend* backend, co
 
 TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
 TRITONSERVER_Error* TRITONBACKEND_ModelVersion(TRITONBACKEND_Model* model, uint64_t* version);
+/* Where the model's files are: for FILESYSTEM (the only kind) the model's folder in the repository,
+ * a string owned by Triton (core include/triton/core/tritonbackend.h:113-125, 1016-1031 at r24.10). */
+typedef enum { TRITONBACKEND_ARTIFACT_FILESYSTEM = 0 } TRITONBACKEND_ArtifactType;
+TRITONSERVER_Error* TRITONBACKEND_ModelRepository(
+    TRITONBACKEND_Model* model, TRITONBACKEND_ArtifactType* artifact_type, const char** location);
 /* config_version 1 is the only one; the caller owns (and deletes) *model_config. */
 TRITONSERVER_Error* TRITONBACKEND_ModelConfig(
     TRITONBACKEND_Model* model, uint32_t config_version, TRITONSERVER_Message** model_config);
@@ -162,6 +181,21 @@ TRITONSERVER_Error* TRITONBACKEND_InputProperties(
 TRITONSERVER_Error* TRITONBACKEND_InputBuffer(
     TRITONBACKEND_Input* input, uint32_t index, const void** buffer, uint64_t* buffer_byte_size,
     TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id);
+/* The sequence a request belongs to (sequence batching): an integer correlation ID, 0 when none; an
+ * error when the client sent a string ID (core include/triton/core/tritonbackend.h:404-413 at r24.10). */
+TRITONSERVER_Error* TRITONBACKEND_RequestCorrelationId(TRITONBACKEND_Request* request, uint64_t* id);
+/* A bitwise-or of TRITONSERVER_REQUEST_FLAG_* (tritonbackend.h:436-444). */
+TRITONSERVER_Error* TRITONBACKEND_RequestFlags(TRITONBACKEND_Request* request, uint32_t* flags);
+/* True once the client cancelled the request: stop working for it (tritonbackend.h:379-389). */
+TRITONSERVER_Error* TRITONBACKEND_RequestIsCancelled(TRITONBACKEND_Request* request, bool* is_cancelled);
+/* The output names the client asked for; all of the config's when it named none (core
+ * src/infer_request.cc:993-1003 at r24.10). The name belongs to the request (tritonbackend.h:531-553). */
+TRITONSERVER_Error* TRITONBACKEND_RequestOutputCount(TRITONBACKEND_Request* request, uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestOutputName(
+    TRITONBACKEND_Request* request, const uint32_t index, const char** output_name);
+/* On success the request is no longer ours (tritonbackend.h:582-598). release_flags: ALL ends it;
+ * RESCHEDULE (iterative sequence batching only) puts it back in the scheduler's queue, inputs and
+ * all, for a later execution. On error the request is still ours. */
 TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request, uint32_t release_flags);
 
 /* ---------------------------------------------------------------- responses and outputs */
@@ -179,6 +213,25 @@ TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(
  * r24.10 wraps it in a unique_ptr before sending). 'error' (may be NULL) stays the caller's. */
 TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
     TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error);
+
+/* ---------------------------------------------------------------- decoupled responses
+ * A decoupled model (model_transaction_policy { decoupled: true }) may send any number of responses
+ * per request, and must end each request's stream with exactly one FINAL flag: on its last response,
+ * or alone with ResponseFactorySendFlags (backend README "Decoupled Responses" at r24.10). A factory
+ * is a handle on the request's own response factory (core src/backend_model.cc:1466-1487 at r24.10:
+ * a new std::shared_ptr copy), so deleting it ends nothing, and it outlives the request's release
+ * (tritonbackend.h:611-619). Signatures: tritonbackend.h:626-688. */
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(
+    TRITONBACKEND_ResponseFactory** factory, TRITONBACKEND_Request* request);
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);
+/* Flags (FINAL) without a response: how a stream ends when there is nothing more to send. */
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactorySendFlags(
+    TRITONBACKEND_ResponseFactory* factory, const uint32_t send_flags);
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryIsCancelled(
+    TRITONBACKEND_ResponseFactory* factory, bool* is_cancelled);
+/* A response for the factory's request; send it with TRITONBACKEND_ResponseSend (same ownership rule). */
+TRITONSERVER_Error* TRITONBACKEND_ResponseNewFromFactory(
+    TRITONBACKEND_Response** response, TRITONBACKEND_ResponseFactory* factory);
 
 /* ---------------------------------------------------------------- statistics (CLOCK_MONOTONIC ns) */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(

@@ -24,6 +24,13 @@ Signals: ``unshare`` blocks SIGINT and SIGTERM while it waits for its child, so 
 signals go to the namespace's first process (``dumb-init``, which passes them on); SIGKILL goes to
 both. When that process exits, the kernel kills whatever is left in its namespace: no orphans.
 
+A private ``/dev/shm``: before dropping to the learner, the namespace's root shell mounts a tmpfs of
+its own over ``/dev/shm`` (a quarter of the machine's memory at most; ``unshare`` makes the new mount
+namespace's propagation private, so the host never sees it). The Python backend creates its stubs'
+regions there 0644 whatever the umask (``tests/reliability/test_security.py`` pins it), so on the
+machine's ``/dev/shm`` any learner could read another's tensors, and the shared server's; inside, a
+learner sees only the regions of their own embedded Triton and their own clients.
+
 On first start the course notebooks are copied into ``~/notebooks`` (owned by the learner).
 """
 
@@ -52,6 +59,7 @@ _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pyc
 #: folder in *this namespace only*, and the interpreter's prefix is bound back at its own path.
 _EXPOSE = """set -e
 base=$1 hidden=$2; shift 2
+mount -t tmpfs -o size=25%,mode=1777,nosuid,nodev lab-class-shm /dev/shm
 if [ -n "$hidden" ]; then
   mount -t tmpfs -o size=1m,mode=0755 lab-class /mnt && mkdir /mnt/python && mount --bind "$base" /mnt/python
   mount -t tmpfs -o size=1m,mode=0711 lab-class "$hidden" && mkdir -p "$base" && mount --bind /mnt/python "$base"

@@ -66,12 +66,15 @@ def grpc_stream(
     """Send one request on a gRPC stream and collect every response until the final flag (or an error).
 
     A fresh client per call: a tritonclient gRPC client holds at most one stream, and stopping it
-    ends the stream for every request on it.
+    ends the stream for every request on it. Past the deadline the request is cancelled as the stream
+    stops: ``stop_stream()`` without ``cancel_requests`` waits for every request on the stream to end,
+    so a model that never sends FINAL would hang the timeout instead of raising it.
     """
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: events.put((time.monotonic(), result, error)))
     received: list[StreamEvent] = []
+    ended = False
     try:
         start = time.monotonic()
         client.async_stream_infer(model, make_inputs(inputs), request_id=request_id, enable_empty_final_response=True)
@@ -87,15 +90,17 @@ def grpc_stream(
                 ) from None
             if error is not None:
                 received.append(StreamEvent(at - start, error=str(error), final=True))
+                ended = True
                 return received
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param
             outputs = {o.name: _plain(result.as_numpy(o.name)) for o in response.outputs}
             received.append(StreamEvent(at - start, outputs, final=final))
             if final:
+                ended = True
                 return received
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=not ended)
         client.close()
 
 

@@ -40,6 +40,7 @@ _CODE = ("data.py", "net.py", "train.py", "export.py", "export_tf.py", "classic.
 PLACEMENTS: dict[str, tuple[Path, ...]] = {
     "model.pt": (
         MODEL_REPOSITORY / "digits_torch" / "1" / "model.pt",
+        MODEL_REPOSITORY / "digits_torch_native" / "1" / "model.pt",  # C++ backend lab_libtorch
         GPU_REPOSITORY / "digits_torch_gpu" / "1" / "model.pt",
     ),
     "model.onnx": (
@@ -49,6 +50,7 @@ PLACEMENTS: dict[str, tuple[Path, ...]] = {
     # A directory (TensorFlow's SavedModel format), copied as a whole.
     "model.savedmodel": (
         MODEL_REPOSITORY / "digits_tf" / "1" / "model.savedmodel",
+        MODEL_REPOSITORY / "digits_tf_native" / "1" / "model.savedmodel",  # C backend lab_tensorflow
         GPU_REPOSITORY / "digits_tf_gpu" / "1" / "model.savedmodel",
     ),
     "digits_logreg.pkl": (MODEL_REPOSITORY / "digits_logreg" / "1" / "model.pkl",),

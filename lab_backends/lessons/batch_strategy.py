@@ -61,13 +61,14 @@ def every_batch_closed(max_batch_size: int) -> dict[str, Any]:
 
     Why a strategy needs it in Triton 2.51: a batch sent without being *closed* (saturated) stays
     open to more requests until an instance starts it (core ``src/dynamic_batch_scheduler.cc``
-    344-347: a new batch only when the current one is saturated or executing; 517: the requests
-    already in it), and each time the batcher resumes it, it resets the strategy's state, because
-    taking requests off the queue invalidated its cursor (``src/scheduler_utils.cc`` 410;
-    ``src/dynamic_batch_scheduler.cc`` 501-508). The strategy then counts from zero while the batch
-    already holds requests. A batch is closed when the strategy refuses a request (564-571, 612-617)
-    or when it reaches a preferred size with no queue delay (596-602): with every size preferred,
-    always.
+    343-346: a new batch only when the current one is saturated or executing; 517: the requests
+    already in it), and each time the batcher resumes it, it hands the strategy a fresh state
+    (``BatchInitialize``, 502-508), because taking requests off the queue invalidated its cursor
+    (``src/scheduler_utils.cc`` 410). The strategy then counts from zero while the batch already
+    holds requests. A batch is closed when it reaches a preferred size with no queue delay
+    (596-599): with every size preferred, always. A refusal from the strategy closes it too
+    (564-571, 613-616), but not with a queue delay once a preferred size was reached earlier in
+    the same pass (596-602 returns first): so no delay here (:func:`trickle` measures one).
     """
     return {"preferred_batch_size": list(range(1, max_batch_size + 1))}
 
@@ -221,18 +222,47 @@ def compare(server: Any, base: Any, library: str | Path, n: int, budget: int = B
     return {"plain batcher": plain, f"{STRATEGY} {budget}": capped}
 
 
-def trickle(server: Any, base: Any, library: str | Path, close_every_batch: bool, n: int = 24,
-            model: str = MODEL) -> Run:
-    """Requests of 512 bytes, 2 ms apart, at a budget of 64 bytes and 50 ms per batch: each must run alone.
+@dataclass(frozen=True)
+class Trickle:
+    """The load of :func:`trickle`: ``n`` requests of ``floats`` FP32 each, ``gap_ms`` apart, at a budget of
+    ``budget`` bytes, while each batch takes ``batch_ms``.
 
-    While one batch runs (50 ms), requests arrive one by one, so each new batch is sent with the
-    single request the queue held: not closed by a refusal (nothing else was queued). Without
-    :func:`every_batch_closed` the batcher keeps adding the next arrivals to it, resetting the
-    strategy's count each time, and the batch grows past the budget.
+    Why 10 ms apart: a batch grows only when a request arrives *alone* while the previous batch
+    waits for the instance. At 2 ms apart, on a busy machine (two CPU burners on the 2 cores, with
+    the call_log strategy), the client's sends bunched up: the batcher found two queued at once,
+    refused the second, closed the batch, and in 1 run of 16 no batch grew. At 10 ms apart the
+    smallest largest batch in 16 such runs held 4 requests; 50 ms per batch leaves room for several.
     """
-    config = with_strategy(base, library, close_every_batch, **{PARAMETER: 64, "fixed_ms": 50})
+
+    n: int = 24
+    floats: int = 128
+    gap_ms: float = 10.0
+    budget: int = 64
+    batch_ms: int = 50
+
+    @property
+    def request_bytes(self) -> int:
+        return 4 * self.floats
+
+
+TRICKLE = Trickle()
+
+
+def trickle(server: Any, base: Any, library: str | Path, close_every_batch: bool, delay_us: int = 0,
+            model: str = MODEL, load: Trickle = TRICKLE) -> Run:
+    """Requests heavier than the budget, arriving one by one while a batch runs: each must run alone.
+
+    While one batch runs, requests arrive one by one, so each new batch is sent with the single
+    request the queue held: not closed by a refusal (nothing else was queued). Without
+    :func:`every_batch_closed` the batcher keeps adding the next arrivals to it, with the strategy's
+    count reset each time, and the batch grows past the budget. ``delay_us`` adds a queue delay to
+    the config (with every size preferred, it brings the growth back: see :func:`every_batch_closed`).
+    """
+    config = with_strategy(base, library, close_every_batch, **{PARAMETER: load.budget, "fixed_ms": load.batch_ms})
+    if delay_us:
+        config.dynamic_batching.max_queue_delay_microseconds = delay_us
     apply_config(server, model, config, base)
-    return burst(server, model, n, f"trickle{next(_RUNS)}", lengths=(128,), gap_s=0.002)
+    return burst(server, model, load.n, f"trickle{next(_RUNS)}", lengths=(load.floats,), gap_s=load.gap_ms / 1000)
 
 
 def bytes_figure(runs: Mapping[str, Run], budget: int, ax: Any = None) -> Any:

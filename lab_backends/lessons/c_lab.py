@@ -1,9 +1,11 @@
 """Notebook 09's exercise: a C backend ``clip`` written by the learner, checked on a real server.
 
-The learner completes ``notebooks/exercises/clip.c`` (a skeleton with ``TODO(exercise)`` marks);
-:func:`check_clip_answer` then does what a reviewer and a test server would:
+The learner completes ``exercises/clip.c`` next to the notebook, in place (a skeleton with
+``TODO(exercise)`` marks, handed out by set-up: :mod:`lab_backends.lessons.handout`); :func:`check_clip_answer`
+then does what a reviewer and a test server would:
 
-1. reads the source: the untouched skeleton -> "not attempted"; then the ownership rules a reviewer
+1. reads the source: the skeleton as shipped (compared with the package's copy, never with the file
+   being edited) -> "not attempted"; then the ownership rules a reviewer
    would insist on, each refused with its line: a response deleted after it was sent (the double
    free the lab's own backends used to have), the error of a failed send never freed, a
    ``ModelFinalize`` that does not free the state ``ModelInitialize`` set (:mod:`.c_source`);
@@ -37,7 +39,7 @@ from lab_backends.client.infer import infer
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons import c_source
 from lab_backends.lessons.authoring import send_together
-from lab_backends.paths import PROJECT_ROOT
+from lab_backends.lessons.handout import handout, read_c_answer
 from lab_backends.server import cbackend
 from lab_backends.server.repository import ModelConfig, config_text
 from lab_backends.server.triton_server import TritonServer
@@ -45,18 +47,20 @@ from lab_backends.waiting import poll
 
 NAME = "clip_backend"
 BACKEND = "clip"
-SKELETON = PROJECT_ROOT / "notebooks" / "exercises" / "clip.c"
+HANDOUT = handout(NAME)
+#: The skeleton as shipped (the learner edits a copy: ``exercises/clip.c`` next to notebook 09).
+SKELETON = HANDOUT.shipped
 TODO_MARK = "TODO(exercise)"
 #: What the checker says while clip.c is the untouched skeleton.
-NOT_ATTEMPTED = (f"complete the four {TODO_MARK} places in {SKELETON.relative_to(PROJECT_ROOT)} (the marks may stay), "
-                 "then run this cell again")
+NOT_ATTEMPTED = (f"complete the four {TODO_MARK} places in exercises/clip.c, next to this notebook (the marks may "
+                 "stay), save it, then run this cell again")
 TASK = (
-    "Complete notebooks/exercises/clip.c, a C backend 'clip': OUTPUT0 = INPUT0 clamped to [lo, hi] elementwise "
-    "(FP32 [batch, n]), with lo and hi read from the model config's parameters in ModelInitialize (a missing "
-    "or non-numeric bound, or lo > hi, fails the load with a message naming it) and freed in ModelFinalize. "
+    "Complete exercises/clip.c (next to notebook 09), a C backend 'clip': OUTPUT0 = INPUT0 clamped to [lo, hi] "
+    "elementwise (FP32 [batch, n]), with lo and hi read from the model config's parameters in ModelInitialize "
+    "(a missing or non-numeric bound, or lo > hi, fails the load with a message naming it) and freed in ModelFinalize. "
     "A request whose INPUT0 is not FP32 or holds a NaN gets its own error response; the rest of its batch is "
     "answered, and the batch statistics count every row. A failed send leaves the response to Triton and the "
-    "error to you. Then call exercises.check('clip_backend', path_to_your_clip_c). The checker reads the "
+    "error to you. Then call exercises.check('clip_backend', 'exercises/clip.c'). The checker reads the "
     "ownership rules from your source, builds it with -Wall -Wextra -Werror -Wl,-z,defs, serves it on a server "
     "of its own and sends batched, concurrent and bad requests."
 )
@@ -88,23 +92,12 @@ def _write(repo: Path, config: Any) -> None:
 def read_answer(answer: Any) -> tuple[Path, str]:
     """The learner's C file and its text; ``NotImplementedError`` while it is still the skeleton.
 
-    "Not attempted" means the file is the skeleton as handed out (whitespace aside), nothing else:
+    "Not attempted" means the file is the skeleton as shipped (whitespace aside), nothing else:
     a finished clip.c may well keep the skeleton's comments, ``TODO(exercise)`` marks included, and
-    a half-finished one is an attempt whose faults the checks below name.
+    a half-finished one is an attempt whose faults the checks below name. The comparison is with the
+    package's copy, so a file edited in place, as notebook 09 says, is judged as what it now is.
     """
-    if answer is None:
-        raise NotImplementedError(NOT_ATTEMPTED)
-    path = Path(answer)
-    if not path.is_file():
-        raise ExerciseError(f"{path} is not a file: pass the path of your clip.c (the skeleton is {SKELETON})")
-    source = path.read_text()
-    if _words(source) == _words(SKELETON.read_text()):
-        raise NotImplementedError(NOT_ATTEMPTED)
-    return path, source
-
-
-def _words(text: str) -> list[str]:
-    return text.split()
+    return read_c_answer(answer, HANDOUT, "09", NOT_ATTEMPTED)
 
 
 def _batch_executions(stats: dict) -> dict[int, int]:

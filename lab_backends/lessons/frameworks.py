@@ -168,6 +168,9 @@ def thread_timings(
 ) -> pd.DataFrame:
     """Microseconds per call of the served artifacts, in this process, per framework/threads/batch.
 
+    ``us_per_call`` is the mean over ``repeats`` calls; ``us_median`` the median call, which a few
+    calls preempted by another program on a busy machine do not move.
+
     This is what ``model.py`` pins with ``torch.set_num_threads(1)`` and ORT's
     ``intra_op_num_threads = 1``. Measured here rather than through the server because the thread
     count is fixed in ``initialize`` (it is per process, and torch allows setting inter-op threads
@@ -203,15 +206,17 @@ def thread_timings(
                     for framework, call in calls.items():
                         for _ in range(5):
                             call()  # warm-up: first calls allocate
-                        start = time.perf_counter()
+                        each = []
                         for _ in range(repeats):
+                            start = time.perf_counter()
                             call()
-                        us = (time.perf_counter() - start) / repeats * 1e6
+                            each.append(time.perf_counter() - start)
+                        us = sum(each) / repeats * 1e6
                         out = call()
                         out = np.asarray(out[0] if isinstance(out, list) else out)
                         first = answers.setdefault((framework, batch), out)
                         rows.append({"framework": framework, "threads": n, "batch": batch, "us_per_call": us,
-                                     "us_per_row": us / batch,
+                                     "us_median": float(np.median(each)) * 1e6, "us_per_row": us / batch,
                                      "max_abs_diff_vs_first": float(np.abs(out - first).max())})
     finally:
         torch.set_num_threads(before)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -27,6 +28,7 @@ import pandas as pd
 
 from lab_backends.client.infer import infer
 from lab_backends.errors import LabBackendsError
+from lab_backends.measure.trace import read_trace
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.running import RunningServer
 
@@ -141,6 +143,29 @@ def family_breakdown(log: Any, request_id: str, model: str) -> dict[str, float]:
     inside = float(children["total_ms"].sum())
     return {"parent_ms": float(parent["total_ms"]), "children_ms": inside,
             "glue_ms": float(parent["total_ms"]) - inside, "children": int(len(children))}
+
+
+#: The pipelines that run as one request with child requests (the client's three calls have no parent).
+PARENTS = {"ensemble": "digits_ensemble", "bls:onnx": "digits_bls", "bls:torch": "digits_bls"}
+
+
+def traced_glue(server: RunningServer, trace_path: Path, images: np.ndarray, repeats: int = 3) -> pd.DataFrame:
+    """Per pipeline of :data:`PARENTS`: the median over ``repeats`` traced requests of each column of
+    :func:`family_breakdown` (parent, children and glue ms, each its own median: they need not add up).
+
+    Why a median of several: one request's glue is a few milliseconds, and one preemption by a
+    neighbour lands in it whole; the median of a few interleaved requests is what the lesson's
+    comparison of an ensemble's glue with BLS's can rest on. The server must trace every request.
+    """
+    tag = uuid.uuid4().hex[:6]
+    ids = {way: [f"glue-{tag}-{way}-{i}" for i in range(repeats)] for way in PARENTS}
+    for i in range(repeats):
+        for way in PARENTS:
+            run(server, way, images, request_id=ids[way][i])
+    log = read_trace(trace_path, request_ids=[rid for rids in ids.values() for rid in rids])
+    rows = {way: pd.DataFrame([family_breakdown(log, rid, PARENTS[way]) for rid in ids[way]]).median()
+            for way in PARENTS}
+    return pd.DataFrame(rows).T
 
 
 def plot_latencies(frame: pd.DataFrame, ax: Any = None, title: str = "One digit, one request in flight") -> Any:

@@ -4,7 +4,9 @@ Each one reloads ``scheduler_probe`` with a config derived from the shipped one 
 replaces the whole config, so :func:`~lab_backends.server.config_changes.apply_config` derives it), has
 Triton warm the new instances up during the load (``model_warmup``: a fresh stub's first ``execute``
 is slow and would blur the picture), sends a bounded load with :func:`~lab_backends.measure.probe_load.probe_load`
-and returns what it saw as pandas frames, so the notebook only shows and checks.
+and returns what it saw as pandas frames, so the notebook only shows and checks. The queue-policy
+bursts are in :mod:`~lab_backends.lessons.queue_policy_lesson`, the batcher stall in
+:mod:`~lab_backends.lessons.batcher_stall`, the warm-up in :mod:`~lab_backends.lessons.warmup_lesson`.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def reload(server: Any, override: Mapping[str, Any], base: Any, model: str = MOD
     client-side warm-up would go through the queue policy that some experiments set (a 100 ms
     timeout, a queue of 4) and could expire by chance: a request cannot ask for a longer timeout
     than the policy's (core ``src/scheduler_utils.cc`` 180-184 at r24.10), and the batcher can
-    stall 0.5 s with a policy (:func:`policy_stalls`). A warm-up that fails fails the load, with
-    Triton's reason (:class:`~lab_backends.errors.ModelLoadError`).
+    stall 0.5 s with a policy (:mod:`~lab_backends.lessons.batcher_stall`). A warm-up that fails
+    fails the load, with Triton's reason (:class:`~lab_backends.errors.ModelLoadError`).
     """
     config = derive_config(base, dict(override))
     if warm:
@@ -68,39 +70,6 @@ def outcome(answers: pd.DataFrame) -> pd.DataFrame:
                                         last_done_ms=("done_s", "max")).assign(
         first_done_ms=lambda f: (f["first_done_ms"] * 1000).round(1),
         last_done_ms=lambda f: (f["last_done_ms"] * 1000).round(1))
-
-
-def queue_full_burst(server: Any, base: Any, max_queue_size: int = 4, burst: int = 40,
-                     model: str = MODEL) -> pd.DataFrame:
-    """A burst at one instance whose queue holds at most ``max_queue_size`` requests."""
-    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}],
-                    "dynamic_batching": {"default_queue_policy": {"max_queue_size": max_queue_size}}},
-           base, model, warm=2)
-    return probe_load(server, model, burst, concurrency=burst, prefix="full")
-
-
-def timeout_burst(server: Any, base: Any, timeout_ms: float = 100.0, burst: int = 24, fixed_ms: float = 20.0,
-                  model: str = MODEL) -> pd.DataFrame:
-    """A burst at one instance, two requests per batch, ``fixed_ms`` per batch, a queue timeout of ``timeout_ms``.
-
-    The whole burst needs about ``burst / 2 * fixed_ms``: longer than the timeout, so the tail of
-    the queue expires while the head is served.
-    """
-    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
-                    "parameters": {"fixed_ms": {"string_value": str(fixed_ms)}},
-                    "dynamic_batching": {"default_queue_policy": {
-                        "default_timeout_microseconds": int(timeout_ms * 1000), "allow_timeout_override": True}}},
-           base, model, warm=2)
-    return probe_load(server, model, burst, concurrency=burst, prefix="timeout")
-
-
-def priority_burst(server: Any, base: Any, burst: int = 24, model: str = MODEL) -> pd.DataFrame:
-    """A burst at one instance (two per batch), every other request at priority 1 (high), the rest at 2."""
-    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
-                    "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2}},
-           base, model, warm=2)
-    priorities = [1 if i % 2 else 2 for i in range(burst)]
-    return probe_load(server, model, burst, concurrency=burst, prefix="priority", priorities=priorities)
 
 
 RAGGED_MODEL = "ragged_probe"
@@ -222,37 +191,3 @@ def traced_executions(server: Any, answers: pd.DataFrame, model: str) -> pd.Data
     log = tracing.read_trace(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
     spans = compute_spans(log, model).merge(answers[["request_id", "pid"]], on="request_id")
     return spans.groupby(["start_ns", "end_ns"], as_index=False).agg(pid=("pid", "first"), size=("request_id", "size"))
-
-
-#: A gap between two responses of one burst that is this Triton's 500 ms batcher wait, not work.
-STALL_MS = (400.0, 700.0)
-
-
-def stalls(done_s: Any) -> int:
-    """How many gaps between consecutive responses of a burst fall in :data:`STALL_MS`."""
-    done = np.sort(np.asarray(done_s, dtype=float))
-    gaps = np.diff(done) * 1000
-    return int(((gaps >= STALL_MS[0]) & (gaps <= STALL_MS[1])).sum())
-
-
-def policy_stalls(server: Any, base: Any, dynamic_batching: Mapping[str, Any], bursts: int = 8, burst: int = 12,
-                  model: str = MODEL) -> pd.DataFrame:
-    """``bursts`` bursts at one instance, two requests per batch: per burst, its span and its ~0.5 s stalls.
-
-    Why this exists: on Triton 2.51 a model with any queue policy (``max_queue_size``, a timeout,
-    ``allow_timeout_override``) or priority levels loses the batcher's prefetching (core
-    ``src/scheduler_utils.cc`` 364-375 at r24.10), and the batcher then waits for a *free instance* in
-    500 ms steps, in a loop until one is free (``WaitForPayloadSlotAvailable``,
-    ``src/dynamic_batch_scheduler.cc`` 329 and 450-481). The wake-up sent when a batch completes can
-    come before the instance counts itself free again, or between the batcher's check and its sleep
-    (it waits under a mutex of its own), and the batcher then sleeps a whole 500 ms with requests
-    queued. It is a race, so it shows in some gaps, not all: measure several bursts.
-    """
-    reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": 1}], "max_batch_size": 2,
-                    "dynamic_batching": dict(dynamic_batching)}, base, model, warm=2)
-    rows = []
-    for i in range(bursts):
-        answers = probe_load(server, model, burst, concurrency=burst, prefix=f"stall-{i}")
-        rows.append({"burst": i, "served": int(answers["ok"].sum()),
-                     "span_ms": round(answers["done_s"].max() * 1000, 1), "stalls": stalls(answers["done_s"])})
-    return pd.DataFrame(rows).set_index("burst")

@@ -11,9 +11,13 @@ What can go wrong is answered by Triton itself, and :func:`failure_modes` shows 
 * a region that was never registered: ``Unable to find shared memory region`` (``GetMemoryInfo``,
   ``shared_memory_manager.cc`` 466-472);
 * an offset + byte size past the region's end: ``Invalid offset + byte size for shared memory
-  region`` (the same function, 488-497);
-* an output region smaller than the output: ``should be at least N bytes to hold the results``
-  (the HTTP front end's output allocator, server ``src/http_server.cc`` 1228-1243).
+  region`` (the same function, 488-497), for an input and for an output alike (the HTTP front end
+  checks an output's stated region, offset and size there too, ``http_server.cc`` 2798-2811);
+* an output whose *stated* byte size is smaller than the output: ``should be at least N bytes to
+  hold the results`` (the HTTP front end's output allocator, server ``src/http_server.cc``
+  1229-1243). What it compares is the ``shared_memory_byte_size`` the request states
+  (parsed at 918-924, kept as the output's ``byte_size_`` at 2825-2829), not the region's size:
+  a region big enough does not help a request that states too small a size.
 
 :func:`regions` creates and registers regions and, whatever happens inside it, unregisters them
 (first: the server keeps its mapping until then) and destroys them (unlinks ``/dev/shm``).
@@ -42,6 +46,7 @@ from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import ProtocolError
 from lab_backends.server.running import RunningServer
 from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll
 
 #: Every region this lesson makes is named ``lab_shm_<token>_<role>`` (the token starts with the PID):
 #: easy to find in ``/dev/shm``, and never another process's.
@@ -104,9 +109,35 @@ def regions(server: RunningServer, sizes: Mapping[str, int], token: str | None =
             handle = shm.create_shared_memory_region(name, "/" + name, size, create_only=True)
             undo.callback(shm.destroy_shared_memory_region, handle)
             client.register_system_shared_memory(name, "/" + name, size, headers=server.admin_headers)
-            undo.callback(client.unregister_system_shared_memory, name, headers=server.admin_headers)
+            undo.callback(unregister, client, name, server.admin_headers)
             made[role] = Region(name, "/" + name, size, handle)
         yield made
+
+
+#: How long :func:`unregister` waits for Triton to let go of a region.
+RELEASE_WAIT_S = 5.0
+
+
+def unregister(client: Any, name: str, headers: Mapping[str, str] | None = None) -> None:
+    """Unregister ``name``, retrying while Triton still holds it for a request (bounded).
+
+    Triton releases a request a moment *after* its response reaches the client, and refuses to
+    unregister a region while a request still holds it: ``use_count() > 1`` answers "it is
+    currently in use" (server ``src/shared_memory_manager.cc`` 686-695 at r24.10). Unregistering
+    right after an answer races that release on a busy machine (a flake hunt saw it), so that one
+    refusal is retried for up to :data:`RELEASE_WAIT_S`; any other error, or the same one after the
+    wait, is raised.
+    """
+    def attempt() -> InferenceServerException | None:
+        try:
+            client.unregister_system_shared_memory(name, headers=headers)
+            return None
+        except InferenceServerException as exc:
+            return exc
+
+    error = poll(attempt, lambda e: e is None or "currently in use" not in str(e), RELEASE_WAIT_S, 0.02)
+    if error is not None:
+        raise error
 
 
 def same_machine(server: RunningServer) -> RunningServer:
@@ -190,22 +221,28 @@ def compare_ways(server: RunningServer, tensor: np.ndarray, repeats: int = 10, m
                       tensor.nbytes, tuple(region.name for region in r.values()))
 
 
-#: The three failure modes: the case, the phrase Triton's source writes, and where it writes it.
+#: The failure modes: the case, the phrase Triton's source writes, and where it writes it.
 FAILURES = {
     "unregistered region": ("Unable to find shared memory region",
                             "server src/shared_memory_manager.cc 466-472, GetMemoryInfo"),
-    "offset + size past the region": ("Invalid offset + byte size for shared memory region",
-                                      "server src/shared_memory_manager.cc 488-497, GetMemoryInfo"),
-    "output region too small": ("bytes to hold the results",
-                                "server src/http_server.cc 1228-1243, the output allocator"),
+    "input offset + size past the region": ("Invalid offset + byte size for shared memory region",
+                                            "server src/shared_memory_manager.cc 488-497, GetMemoryInfo"),
+    "output size past the region": ("Invalid offset + byte size for shared memory region",
+                                    "server src/http_server.cc 2798-2811 -> GetMemoryInfo, before the model runs"),
+    "output size stated too small": ("bytes to hold the results",
+                                     "server src/http_server.cc 1229-1243, the output allocator: the stated size"),
 }
 
 
 def failure_modes(server: RunningServer, n: int = 1024, model: str = "echo", token: str | None = None) -> pd.DataFrame:
-    """Three requests that shared memory gets wrong, each answered by Triton: one row per case.
+    """Requests that shared memory gets wrong, each answered by Triton: one row per :data:`FAILURES` case.
 
-    Columns: ``error`` (Triton's message, as the client got it), ``expected`` (the phrase of the
-    source that writes it), ``matches`` and ``where``. The regions are always cleaned up.
+    The two output cases tell apart which size Triton compares: a request that states the output's
+    full size for a region half as big is refused before the model runs (the region's bounds); a
+    request that states half the size for a region big enough is refused by the output allocator,
+    which compares the output with the *stated* size. Columns: ``error`` (Triton's message, as the
+    client got it), ``expected`` (the phrase of the source that writes it), ``matches`` and
+    ``where``. The regions are always cleaned up.
     """
     tensor = np.arange(n, dtype=np.float32)
     nbytes = tensor.nbytes
@@ -222,8 +259,34 @@ def failure_modes(server: RunningServer, n: int = 1024, model: str = "echo", tok
         r["input"].write(tensor)
         inp, out, small = r["input"].name, r["output"].name, r["small"].name
         attempt("unregistered region", *_shm_tensors(tensor, f"{PREFIX}_never_registered", out, nbytes))
-        attempt("offset + size past the region", *_shm_tensors(tensor, inp, out, nbytes, input_offset=4))
-        attempt("output region too small", *_shm_tensors(tensor, inp, small, nbytes // 2))
+        attempt("input offset + size past the region", *_shm_tensors(tensor, inp, out, nbytes, input_offset=4))
+        attempt("output size past the region", *_shm_tensors(tensor, inp, small, nbytes))
+        attempt("output size stated too small", *_shm_tensors(tensor, inp, out, nbytes // 2))
     rows = [{"case": case, "error": errors[case], "expected": phrase, "matches": phrase in errors[case],
              "where": where} for case, (phrase, where) in FAILURES.items()]
     return pd.DataFrame(rows).set_index("case")
+
+
+def latency_lines(table: pd.DataFrame, tensor_bytes: int, against: str = "REST, binary tensors") -> list[str]:
+    """What :func:`compare_ways`' latency columns say about shared memory against ``against``, in words.
+
+    The verdict is read from this run's p50 and p90: *faster* only if shared memory's p90 is under
+    the other's p50, *slower* only the other way round, else *no clear difference* (their p50-p90
+    ranges overlap). Then the p50 gap, signed: the two requests differ only in where the tensor travels.
+    """
+    shm_row, other = table.loc[SHM_WAY], table.loc[against]
+    ranges = (f"shared memory p50 {shm_row.p50_ms:.2f} ms, p90 {shm_row.p90_ms:.2f} ms; "
+              f"{against} p50 {other.p50_ms:.2f} ms, p90 {other.p90_ms:.2f} ms")
+    if shm_row.p90_ms < other.p50_ms:
+        verdict = f"shared memory was faster than {against} in this run: even its p90 was under the other's p50"
+    elif other.p90_ms < shm_row.p50_ms:
+        verdict = f"shared memory was slower than {against} in this run: the other's p90 was under its p50"
+    else:
+        verdict = f"no clear difference between shared memory and {against} in this run: their p50-p90 ranges overlap"
+    gap = other.p50_ms - shm_row.p50_ms
+    cost = (f"p50 gap: {against} {other.p50_ms:.2f} ms - shared memory {shm_row.p50_ms:.2f} ms = {gap:+.2f} ms "
+            f"({gap / other.p50_ms:+.0%} of {against}'s p50); the two requests differ only in where the tensor's "
+            f"{tensor_bytes / 2**20:.2f} MiB travel, both ways: through the socket, or through the regions")
+    p50 = table["p50_ms"]
+    ratios = ", ".join(f"{way} {p50[way] / p50[SHM_WAY]:.1f}x" for way in p50.index if way != SHM_WAY)
+    return [ranges, verdict, cost, f"p50 relative to shared memory: {ratios}"]

@@ -1,15 +1,19 @@
 """Triton's ``model_warmup`` measured (notebook 03b): the same cold load with and without it.
 
-A ``model_warmup`` entry in a config makes every instance run sample requests *during the load*:
-``TritonModelInstance::WarmUp`` calls the backend's ``Execute`` directly (core
-``src/backend_model_instance.cc`` 599-668 at r24.10), queued as a ``WARM_UP`` payload on the
-instance's own backend thread right after its initialization (734-752), never through the model's
-scheduler queue (the samples are prepared "to the state just before calling instance execute
-function", 431-434). The model is marked READY only after every instance has been created, warm-up
-included (``model_lifecycle.cc`` 799-804, in ``OnLoadFinal``), and the load API answers only then
-(``model_repository_manager.cc`` 729-731): the warm-up is paid inside the load call, not by the
-first client. The backend reports the samples' statistics like any others, so they are
-counted: ``execution_count`` is N instances x K samples right after the load (``infer_stats.cc`` 418).
+A ``model_warmup`` entry in a config makes every instance run its samples *during the load*:
+``TritonModelInstance::WarmUp`` calls the backend's ``Execute`` directly, ``count`` times per sample
+(core ``src/backend_model_instance.cc`` 599-668 at r24.10). The ``WARM_UP`` job reaches the
+instance's backend thread right after its initialization (744-749) through the rate limiter's
+payload queue *of that instance* (``src/rate_limiter.cc`` 242-270, ``SchedulePayload`` 539-549), as
+the ``INIT`` job did (737-742): a queue, but not the model's scheduler queue, so no queue policy
+applies and no client request is in it (the samples are prepared "to the state just before calling
+instance execute function", 431-434). The model is marked READY only after every instance has been
+created, warm-up included (``model_lifecycle.cc`` 799-804, in ``OnLoadFinal``), and the load API
+answers only then (``model_repository_manager.cc`` 729-731): the warm-up is paid inside the load
+call, not by the first client. The backend reports the warm-up's statistics like any others, one
+execution per run of a sample (``infer_stats.cc`` 418): with our one sample of batch size 1 (see
+:func:`~lab_backends.server.warmup.with_warmup`), ``execution_count`` is N instances x its ``count``
+right after the load.
 
 :func:`cold_load` unloads the model first: a load whose config differs only in ``instance_group``
 (or not at all) is an in-place *update* of a READY model (``model_lifecycle.cc`` 488-505;
@@ -45,7 +49,7 @@ MODEL = "digits_onnx"
 class WarmupRun:
     """One cold load of the model and its first requests, as the server counted and timed them."""
 
-    warm_samples: int  #: model_warmup requests per instance (0: none)
+    warmup_count: int  #: the ``count`` of the one model_warmup sample (batch size 1): runs per instance (0: none)
     instances: int
     ready_s: float  #: the load call's duration: from asking to READY (the warm-up runs inside it)
     executions_at_ready: int  #: execution_count right after the load, before any client request
@@ -91,7 +95,7 @@ def shipped(model: str = MODEL) -> Any:
 
 def cold_load(server: RunningServer, warm: int = 0, instances: int = 1, later: int = 5, model: str = MODEL,
               base: Any = None) -> WarmupRun:
-    """Unload ``model``, load it with ``instances`` instances (and ``warm`` warm-up samples each),
+    """Unload ``model``, load it with ``instances`` instances (each running the warm-up sample ``warm`` times),
     then send one request and ``later`` more, one at a time, with the same zero input.
 
     ``base`` is the config to start from (default :func:`shipped`); its inputs must be FP32 and
@@ -117,8 +121,8 @@ def compare(server: RunningServer, warm: int = 2, instances: int = 2, later: int
             base: Any = None) -> pd.DataFrame:
     """The same cold load without and with ``model_warmup``: one row each; the model is unloaded at the end."""
     try:
-        runs = {label: cold_load(server, samples, instances, later, model, base)
-                for label, samples in (("without model_warmup", 0), (f"model_warmup x{warm}", warm))}
+        runs = {label: cold_load(server, count, instances, later, model, base)
+                for label, count in (("without model_warmup", 0), (f"model_warmup, count {warm}", warm))}
     finally:
         _unloaded(server, model)  # the lesson's own server loaded it: give its stubs back
     return pd.DataFrame([asdict(run) for run in runs.values()], index=list(runs))

@@ -32,12 +32,14 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends.errors import LabBackendsError, LoadDeadlineError, ModelLoadError
 from lab_backends.lessons.deadline import DeadlineRun
+from lab_backends.lessons.panel_errors import named, short
 from lab_backends.lessons.panel_settings import parse_batch_sizes
 from lab_backends.lessons.panel_timeline import NEEDS_TRACE, TimelineWindow, label_batches
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import LoadResult, example_inputs, run_closed
 from lab_backends.measure.plots_batches import batch_timeline
 from lab_backends.server.config_changes import apply_config
+from lab_backends.server.crash import crashed
 from lab_backends.server.running import RunningServer
 
 #: The first status line: Triton's advice on the order to tune the batcher in.
@@ -50,14 +52,6 @@ HINT = (
 #: How long Run waits for its load (warm-up, measured window, statistics) before giving up on it.
 #: A run takes seconds (``duration_s`` is a few); a minute means something is stuck.
 DEADLINE_S = 60.0
-
-
-def _short(exc: BaseException | str) -> str:
-    """The readable part of an error: Triton's own message, without client boilerplate."""
-    text = str(exc).strip()
-    text = text.replace("[StatusCode.INVALID_ARGUMENT]", "").replace("[StatusCode.INTERNAL]", "").strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return " ".join(lines[:3])[:600]
 
 
 class BatchingPanel:
@@ -199,24 +193,33 @@ class BatchingPanel:
             return self._run()
         except LoadDeadlineError:
             return None  # said in the panel already, in order with the load's late end (see _load)
-        except (LabBackendsError, InferenceServerException, OSError) as exc:
+        except (LabBackendsError, InferenceServerException, OSError) as caught:
+            exc = named(self.server, caught)
             self.error = str(exc)
             refused = isinstance(exc, (InferenceServerException, ModelLoadError))
             prefix = "Triton refused this setting: " if refused else ""
-            self._set_status(f"{prefix}{_short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
+            self._set_status(f"{prefix}{short(exc.reason if isinstance(exc, ModelLoadError) else exc)}", error=True)
             return None
         except Exception as exc:  # noqa: BLE001 - a button callback's traceback is invisible: show it, keep it
             self.error = traceback.format_exc()
             kind = type(exc).__qualname__
             kind = kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}"  # greenlet.error
-            self._set_status(f"unexpected {kind} during the run: {_short(exc)} (full text in .error)", error=True)
+            self._set_status(f"unexpected {kind} during the run: {short(exc)} (full text in .error)", error=True)
             return None
         finally:
             try:
-                self.timeline.close()
+                if crashed(self.server) is None:  # a dead server has no trace settings to give back
+                    self.timeline.close()
             finally:
                 with self._lock:
                     self.run_button.disabled = self._stuck
+
+    def run_again(self) -> dict[str, Any] | None:
+        """:meth:`run` once more, for a claim that missed; a server that crashed is restarted first, and said."""
+        if crashed(self.server) is not None:
+            print(f"re-run after a crash: {short(named(self.server, RuntimeError()))}; restarting the server")
+            self.server.restart()
+        return self.run()
 
     def _run(self) -> dict[str, Any]:
         override = self.override()
@@ -255,7 +258,7 @@ class BatchingPanel:
         def late_end(load: DeadlineRun) -> None:  # on the worker, under the lock, after the deadline message
             self._stuck = False
             self.run_button.disabled = False
-            how = f"failed ({type(load.exc).__name__}: {_short(load.exc)})" if load.exc is not None else "ended"
+            how = f"failed ({type(load.exc).__name__}: {short(load.exc)})" if load.exc is not None else "ended"
             self._set_status(f"{what} {how} {self.deadline_s:g}+ s after it started, too late to count; "
                              "Run is available again.", error=True)
 
@@ -284,7 +287,7 @@ class BatchingPanel:
             self.redraw()
         except Exception as exc:  # noqa: BLE001 - an observer's traceback is invisible too
             self.error = traceback.format_exc()
-            self._set_status(f"redrawing failed: {type(exc).__name__}: {_short(exc)} (full text in .error)",
+            self._set_status(f"redrawing failed: {type(exc).__name__}: {short(exc)} (full text in .error)",
                              error=True)
 
     def _batches(self, result: LoadResult) -> pd.DataFrame | None:

@@ -14,7 +14,9 @@ requests in flight. The operation costs nothing, so what differs is the backend 
 The statistics API splits each request's server time into queue, compute input, compute infer and
 compute output; the C backend reports its own timestamps, the Python backend includes the hand-off
 in its compute times. ``lab-backends bench backends`` writes ``bench/backends.csv`` and
-``bench/backends.png``; notebook 09 runs a small version and checks the direction only.
+``bench/backends.png``; notebook 09 runs a small version and checks the direction only. The same
+command then compares a real framework wrapped by the Python backend with the same framework served
+natively (:mod:`lab_backends.measure.native_cost`: four rows, two ratios, ``bench/native_backends.csv``).
 
 Deferred import: matplotlib (~1 s), only when the figure is drawn.
 """
@@ -30,6 +32,8 @@ import pandas as pd
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends.measure.loadgen import run_closed
+from lab_backends.measure.native_cost import native_bench
+from lab_backends.measure.native_cost import report as native_report
 from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server import cbackend
 from lab_backends.server.repository import ModelConfig, config_text
@@ -120,7 +124,8 @@ def figure(frame: pd.DataFrame) -> Any:
 
 def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
                    log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Run the comparison on one fresh server; write ``backends.csv`` and ``backends.png``."""
+    """Run the comparison on one fresh server; write ``backends.csv`` and ``backends.png``. Then the
+    frameworks, Python-wrapped vs native, on another (``native_backends.csv``; the printed report)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     requests, duration_s = (400, 3.0) if quick else (3000, 10.0)
@@ -131,4 +136,7 @@ def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = F
     frame.to_csv(out_dir / "backends.csv", index=False, float_format="%.4g")
     figure(frame).savefig(out_dir / "backends.png", dpi=110)
     log(frame.to_string(index=False))
+    native = native_bench(*((200, 2.0) if quick else (2000, 8.0)), log=log)
+    native.to_csv(out_dir / "native_backends.csv", index=False, float_format="%.4g")
+    log(native_report(native))
     return frame

@@ -169,29 +169,65 @@ def over_time(requests: pd.DataFrame | Any, ax: Any = None, bin_s: float | None 
     return ax
 
 
+#: The panels of :func:`metrics_over_time`: timeline column -> (y label, the client's summary key to compare).
+METRIC_PANELS = {
+    "throughput_rps": ("throughput (req/s)", "throughput_rps"),
+    "queue_ms": ("queue per request (ms)", None),
+    "avg_batch": ("average batch size", None),
+}
+
+
 def metrics_over_time(
-    timeline: pd.DataFrame | Any, ax: Any = None, columns: Sequence[str] = ("throughput_rps", "queue_ms", "avg_batch")
-) -> Any:
-    """The server's Prometheus counters sampled during a run (``run_closed(..., metrics_every_s=0.5)``)."""
+    timeline: pd.DataFrame | Any, ax: Any = None, columns: Sequence[str] = tuple(METRIC_PANELS)
+) -> list[Any]:
+    """The server's Prometheus counters sampled during a run, one small panel per metric, time shared.
+
+    Why small multiples: requests/s, milliseconds and a batch size have nothing in common but the
+    time axis; on one plot with three y axes the lines cross for no reason and every reading needs
+    a colour lookup. Here each panel has its own labelled y axis, and the panels share the x axis.
+    ``ax``: None (a new figure), one Axes (its area is split into the panels, e.g. the right half
+    of a two-plot figure) or one Axes per column. Given a ``LoadResult``, the throughput panel also
+    draws the client's own throughput over the whole window as a dashed line. Returns the panels.
+    """
+    client = getattr(timeline, "summary", None)
     if hasattr(timeline, "metrics_timeline"):  # a LoadResult
         timeline = timeline.metrics_timeline
-    ax = axes_or_new(ax)
+    shown = [c for c in columns if timeline is not None and c in timeline] or list(columns[:1])
+    axes = _panels(ax, len(shown))
     if timeline is None or len(timeline) < 2:
-        ax.text(0.5, 0.5, "no metrics timeline: pass metrics_every_s", ha="center", va="center",
-                transform=ax.transAxes)
-        return ax
-    axes = [ax]
-    for i, column in enumerate(c for c in columns if c in timeline):
-        target = ax if i == 0 else ax.twinx()
-        if i > 1:
-            target.spines["right"].set_position(("axes", 1.0 + 0.12 * (i - 1)))
-        target.plot(timeline["t_s"], timeline[column], marker=".", color=f"C{i}", label=column)
-        target.set_ylabel(column, color=f"C{i}")
-        axes.append(target)
-    ax.set_xlabel("time in window (s)")
-    ax.set_title("Server metrics over time (Prometheus)")
-    ax.grid(alpha=0.3)
-    return ax
+        axes[0].text(0.5, 0.5, "no metrics timeline: pass metrics_every_s", ha="center", va="center",
+                     transform=axes[0].transAxes)
+        return axes
+    for i, (panel, column) in enumerate(zip(axes, shown)):
+        label, client_key = METRIC_PANELS.get(column, (column, None))
+        panel.plot(timeline["t_s"], timeline[column], marker=".", color=f"C{i}", label="server (Prometheus)")
+        if client_key and client and client.get(client_key) is not None:
+            panel.axhline(client[client_key], color="k", linestyle="--", linewidth=1,
+                          label=f"client, whole window: {client[client_key]:.0f}")
+            panel.legend(fontsize="x-small", loc="lower right")
+        panel.set_ylabel(label, fontsize="small")
+        panel.set_ylim(bottom=0)
+        panel.grid(alpha=0.3)
+        if panel is not axes[-1]:
+            panel.tick_params(labelbottom=False)
+    axes[-1].set_xlabel("time in window (s)")
+    axes[0].set_title("Server metrics over time (Prometheus)")
+    return axes
+
+
+def _panels(ax: Any, count: int) -> list[Any]:
+    """``count`` Axes stacked with a shared x axis: new, carved out of ``ax``, or ``ax`` itself (a sequence)."""
+    if isinstance(ax, (list, tuple, np.ndarray)):
+        return list(np.ravel(ax))[:count]
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, axes = plt.subplots(count, 1, figsize=(6, 1.6 * count + 0.8), sharex=True, squeeze=False)
+        return list(axes[:, 0])
+    fig, spec = ax.figure, ax.get_subplotspec().subgridspec(count, 1, hspace=0.08)
+    ax.remove()
+    first = fig.add_subplot(spec[0])
+    return [first] + [fig.add_subplot(spec[i], sharex=first) for i in range(1, count)]
 
 
 def batching_figure(frame: pd.DataFrame, title: str = "", by: str = "config", fig: Any = None) -> Any:

@@ -149,4 +149,9 @@ def server_environment(bundle: Bundle, base: dict[str, str] | None = None) -> di
     env.pop("PYTHONHOME", None)
     # Model code pins its own framework threads; keep BLAS from oversubscribing 2 cores.
     env.setdefault("OMP_NUM_THREADS", "1")
+    # TensorFlow inside the server process (the C backend lab_tensorflow) reads these when its library
+    # is loaded, before any backend code runs (measured: the oneDNN notice came before Initialize):
+    # the quiet log and plain kernels that digits_tf's stub sets (lab_backends/digits/export_tf.py QUIET_ENV).
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     return env

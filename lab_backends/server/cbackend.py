@@ -108,6 +108,7 @@ def build(
     extra_flags: Iterable[str] = (),
     target: Path | None = None,
     required: tuple[str, ...] = (REQUIRED_ENTRY_POINT,),
+    link_flags: Iterable[str] = (),
 ) -> Path:
     """Compile ``source`` into Triton backend ``name`` and return the library's path.
 
@@ -115,6 +116,8 @@ def build(
     compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``). ``extra_flags``
     go to gcc after ours (the exercise checker adds ``-Werror``). ``target`` and ``required`` serve
     :func:`build_strategy`: another file name, other entry points that must be exported.
+    ``link_flags`` go after the source (libraries, rpath): a framework's runtime
+    (:mod:`lab_backends.server.native_backends`).
     """
     source = Path(source)
     if not source.is_file():
@@ -137,6 +140,7 @@ def build(
         "-Wl,-z,defs",                               # every symbol must resolve now, not at load
         str(server_lib),                             # the API lives in libtritonserver.so
         f"-Wl,-rpath-link,{server_lib.parent}",      # its own dependencies, for the link check only
+        *link_flags,
         "-lm",
     ]
     try:

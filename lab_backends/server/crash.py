@@ -37,13 +37,16 @@ _SIGNAL_LINE = re.compile(r"^Signal \((\d+)\) received\.")
 #: How far back from the log's end the cause is looked for (meaningful lines: frames are dropped).
 _CAUSE_WINDOW = 60
 
+#: The longest wait before a restart: a server that keeps being killed comes back twice a minute.
+BACKOFF_CAP_S = 30.0
+
 #: The advice of a crash seen from Python (a notebook, a test).
 API_ADVICE = "call server.restart() to start it again with the same models and ports"
 #: The advice of a crash seen by ``lab-backends serve`` without ``--restart``.
 SERVE_ADVICE = (
     "not restarted: `lab-backends serve --restart` restarts it after each crash on the same ports with "
-    "the same key, 1 s after the first crash and twice as long after each further one within a minute, "
-    "and stops after more than 3 crashes within a minute"
+    "the same key, 1 s after the first crash and twice as long after each further one within a minute "
+    f"(at most {BACKOFF_CAP_S:.0f} s), and never gives up"
 )
 
 
@@ -130,15 +133,18 @@ def raise_if_crashed(server: Any) -> None:
 
 def supervise(
     server: Any,
-    max_per_minute: int = 3,
+    max_per_minute: int | None = None,
     report: Callable[[str], None] = print,
     should_stop: Callable[[], bool] = lambda: False,
     backoff_s: float = 1.0,
 ) -> int:
     """Keep ``server`` serving: on each crash report it, wait (doubling backoff) and restart.
 
-    Bounded: more than ``max_per_minute`` crashes within 60 s means something keeps killing it
-    (an attacker, a broken model), so supervision gives up and returns 1 instead of looping.
+    By default it never gives up: one request can kill Triton 2.51 (docs/reliability.md), so whoever
+    can reach the server could otherwise end it, and with it a class, by crashing it a few times in a
+    minute. The backoff doubles with each crash within the last minute, capped at
+    :data:`BACKOFF_CAP_S`, so a server that keeps being killed costs a restart every 30 s, not a
+    loop. With ``max_per_minute``, more crashes than that within 60 s make it give up and return 1.
     Returns 0 when ``should_stop()`` says so or on Ctrl-C (KeyboardInterrupt), whether it came
     while watching, waiting or restarting; the caller then stops the server.
     """
@@ -148,7 +154,7 @@ def supervise(
         return 0
 
 
-def _supervise(server: Any, max_per_minute: int, report: Callable[[str], None], should_stop: Callable[[], bool],
+def _supervise(server: Any, max_per_minute: int | None, report: Callable[[str], None], should_stop: Callable[[], bool],
                backoff_s: float) -> int:
     crashes: list[float] = []
     failed_start: LabBackendsError | None = None
@@ -156,7 +162,7 @@ def _supervise(server: Any, max_per_minute: int, report: Callable[[str], None], 
         if failed_start is not None:
             # The restart failed: it died again before it was ready (the same attacker, a model that
             # crashes while loading), or its port was taken meanwhile. One more failure, counted
-            # against the bound like a crash, so supervision neither dies with it nor loops forever.
+            # like a crash (backoff, bound), so supervision neither dies with it nor spins.
             message, failed_start = f"the restart failed: {failed_start}", None
         else:
             code = crashed(server)
@@ -167,11 +173,11 @@ def _supervise(server: Any, max_per_minute: int, report: Callable[[str], None], 
         now = time.monotonic()
         crashes = [t for t in crashes if now - t < 60] + [now]
         report(message)
-        if len(crashes) > max_per_minute:
+        if max_per_minute is not None and len(crashes) > max_per_minute:
             report(f"{len(crashes)} crashes within a minute: not restarting again")
             return 1
-        delay = min(backoff_s * 2 ** (len(crashes) - 1), 30.0)  # calm minutes reset the backoff
-        report(f"restarting in {delay:.0f} s ({len(crashes)} crash(es) in the last minute)")
+        delay = min(backoff_s * 2 ** (len(crashes) - 1), BACKOFF_CAP_S)  # calm minutes reset the backoff
+        report(f"restarting in {delay:.1f} s ({len(crashes)} crash(es) in the last minute)")
         time.sleep(delay)
         try:
             server.restart()

@@ -1,4 +1,5 @@
-"""What a ``tritonserver`` child gets: more file descriptors, death with its parent, and no Python before exec.
+"""What a ``tritonserver`` child gets: more file descriptors, death with its parent, a private umask, and no
+Python before exec.
 
 * **Open files**: every connection costs the server a descriptor, and sockets of clients that gave
   up linger in CLOSE-WAIT (Triton 2.51 never closes them). At a soft limit of 1,024 (a common
@@ -13,6 +14,12 @@
   server started from a worker thread must not die when that thread ends. util-linux's
   ``setpriv --pdeathsig SIGTERM`` sets it and execs the server (the setting survives ``execve``);
   without ``setpriv`` the watchdog alone covers the owner's death.
+* **umask 077**: what the server and its stubs create (trace files, a model's own records) is their
+  owner's alone. Not the Python backend's shared-memory regions: boost.interprocess sets their 0644
+  with ``fchmod`` after creating them, past any umask (pinned by
+  ``tests/reliability/test_security.py``); only a private ``/dev/shm`` keeps those from other users.
+  ``subprocess.Popen(umask=...)`` sets it in C between fork and exec (CPython's ``_posixsubprocess``),
+  which keeps the vfork path: no Python runs in the child.
 * **Why no ``preexec_fn``**: a ``preexec_fn`` makes ``subprocess`` fork (instead of vfork) and run
   Python's at-fork handlers in the child. In a process that has used gRPC (a notebook kernel with
   ``tritonclient.grpc``), grpcio's fork support then restarts its event-engine poller in the child,
@@ -72,10 +79,15 @@ def raise_open_files(pid: int) -> None:
         pass  # a process that already exited, or a limit we may not set: keep the old one rather than fail
 
 
+#: The server's umask (see the module docstring): what it creates is its owner's alone.
+SERVER_UMASK = 0o077
+
+
 def spawn(command: list[str], **popen: Any) -> subprocess.Popen:
-    """``subprocess.Popen`` for a server: dies with this thread, fd limit raised, nothing run in the child."""
+    """``subprocess.Popen`` for a server: dies with this thread, fd limit raised, umask 077, nothing run in it."""
     if "preexec_fn" in popen:
         raise TypeError("spawn() runs nothing between fork and exec (see the module docstring): no preexec_fn")
+    popen.setdefault("umask", SERVER_UMASK)
     process = subprocess.Popen([*launch_prefix(), *command], **popen)
     raise_open_files(process.pid)
     return process

@@ -4,7 +4,8 @@ Measured on Triton 2.51: reloading a Python model whose ``model.py`` was deleted
 (the stub exits, the model stays LOADING, and later loads of it hang too even after the file is
 back). The load API then blocks its caller until the HTTP client's own timeout, which says only
 "timed out". Here the files are checked first, as at start-up (:func:`repository.preflight`), an
-uploaded file name over 255 bytes is refused (Triton 2.51 aborts on it: :func:`refuse_long_file_names`), and
+uploaded file name over 255 bytes is refused (Triton 2.51 aborts on it: :func:`refuse_long_file_names`), so is
+a model name that is not one folder of the repository (:func:`refuse_unsafe_model_name`), and
 the load runs on a client whose network timeout *is* the deadline, so a hang becomes a
 :class:`~lab_backends.errors.ModelLoadError` naming the model, the deadline and the log's words.
 
@@ -50,6 +51,27 @@ def refuse_long_file_names(name: str, files: dict[str, bytes] | None) -> None:
                                  "aborts on such a load (docs/reliability.md): use a shorter name")
 
 
+def refuse_unsafe_model_name(name: str) -> None:
+    """Refuse, before sending, a model name that is not one folder name: ``..`` or ``.``, a ``/``, a NUL,
+    or over NAME_MAX bytes.
+
+    Measured on Triton 2.51: a gRPC ``load_model("../outside")`` with the admin key loads and runs the
+    model in the folder *next to* the repository (``tests/reliability/test_security.py`` pins it,
+    ``upstream``): the name is joined to the repository path as it is. Our loads go over HTTP, where
+    such a name answered 404 here, but a name that cannot be a folder of the repository is a mistake
+    whichever way it travels.
+    """
+    bad = ("it is empty" if not name else
+           f"'{name}' is not a folder name" if name in (".", "..") else
+           "it holds a '/'" if "/" in name else
+           "it holds a NUL byte" if "\0" in name else
+           f"it is {len(name.encode())} bytes, over the {NAME_MAX} a folder name may have"
+           if len(name.encode()) > NAME_MAX else "")
+    if bad:
+        raise ModelLoadError(_short(name), f"refused before sending: a model name is one folder of the repository, "
+                             f"and {bad}", hint="name the model's folder itself, e.g. 'digits_torch'")
+
+
 def _short(text: str) -> str:
     return text if len(text) <= 40 else f"{text[:12]}…{text[-12:]}"
 
@@ -70,6 +92,7 @@ def load(
     import tritonclient.http as httpclient
 
     raise_if_crashed(server)
+    refuse_unsafe_model_name(name)
     refuse_long_file_names(name, files)
     timeout_s = timeout_s or getattr(server, "load_timeout_s", LOAD_TIMEOUT_S)
     preflight_load(server, name, files)

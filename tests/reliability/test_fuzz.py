@@ -7,7 +7,8 @@ answers a malformed JSON body with 500 "failed to parse the request JSON": an up
 docs/reliability.md), and after each one the server must answer a good request correctly.
 
 Known crashers are excluded by name, each pinned by its own test in test_crashes.py:
-``nested_json`` (deep '[' nesting: bodies here are at most 300 bytes), ``huge_json_shape``
+``nested_json`` (deep '[' nesting: bodies here are at most 300 bytes), ``form_encoded_4mib``
+(never form-encoded, and too short), ``huge_json_shape``
 (JSON element counts above ``JSON_ELEMENTS_MAX``) and ``binary_shape_overflow`` (byte sizes that
 overflow 64 bits, over HTTP and gRPC).
 """

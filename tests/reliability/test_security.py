@@ -13,7 +13,9 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -26,10 +28,11 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from lab_backends import rest
+from lab_backends.errors import ModelLoadError
 from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.ports import free_ports
-from lab_backends.server.processes import alive, group_members
+from lab_backends.server.processes import SHM_DIR, alive, children, group_members, shm_regions
 from lab_backends.server.triton_server import TritonServer
 
 from .conftest import REPOSITORIES, known_good
@@ -107,6 +110,28 @@ def test_server_and_stubs_listen_on_127_0_0_1_only(rel_server):
     assert [s for s in sockets if not _is_loopback_v4(s[1])] == []
     ports = {port for _, _, port in sockets}
     assert {rel_server.http_port, rel_server.grpc_port, rel_server.metrics_port} <= ports
+
+
+def _umask(pid: int) -> int:
+    """The umask of a process: the kernel's /proc status line (psutil has no reader for it)."""
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Umask:"))
+    return int(line.split()[1], 8)
+
+
+@pytest.mark.upstream
+def test_a_stubs_shared_memory_is_readable_by_everyone_whatever_the_umask(rel_server):
+    """The server and its stubs run with umask 077 (server/limits.py), yet each stub's region is 0644:
+    python_backend creates it with boost.interprocess's default permissions (src/shm_manager.cc L96-L97
+    at r24.10: none given), and boost sets them with ``fchmod`` after ``shm_open``, past the umask. So
+    on a shared machine any local user can read the tensors in them; only a private ``/dev/shm`` (a
+    mount namespace per user) keeps them apart. Fails the day the regions come out private."""
+    known_good(rel_server)  # a request went through the regions
+    pids = [rel_server.pid, *children(rel_server.pid)]
+    assert {_umask(pid) for pid in pids} == {0o077}
+    regions = shm_regions(pids)
+    assert regions, "found no Python-backend region: the check would prove nothing"
+    modes = {name: stat.S_IMODE((SHM_DIR / name).stat().st_mode) for name in regions}
+    assert set(modes.values()) == {0o644}, f"UPSTREAM FIXED? {({n: oct(m) for n, m in modes.items()})}"
 
 
 # ---------------------------------------------------------------------------- admin key
@@ -194,6 +219,30 @@ def test_grpc_admin_api_refuses_without_the_key_and_works_with_it(rel_server, ap
         call(client, None)
     assert "restricted" in caught.value.message()
     call(client, rel_server.grpc_admin_headers)  # does not raise
+
+
+@pytest.mark.upstream
+def test_a_grpc_load_of_a_dotted_name_loads_a_model_from_beside_the_repository(tmp_path):
+    """Triton 2.51 joins a load's model name to the repository path as it is: with the key, gRPC
+    ``load_model("../outside")`` loads (and runs the code of) the model in the folder next to the
+    repository. Fails the day an upgrade refuses the name; ``server.load_model`` refuses it before
+    sending (below)."""
+    (tmp_path / "repo").mkdir()
+    outside = tmp_path / "outside"
+    shutil.copytree(REPOSITORIES[0] / "rel_double", outside)
+    config = outside / "config.pbtxt"
+    config.write_text(re.sub(r"^name:.*\n", "", config.read_text(), flags=re.M))  # named by its folder
+    with TritonServer([tmp_path / "repo"], models=[]) as server:
+        client = server.grpc_client
+        try:
+            client.load_model("../outside", headers=server.grpc_admin_headers)
+            loaded = client.is_model_ready("../outside")
+        except InferenceServerException as exc:
+            loaded = exc.message()
+        assert loaded is True, f"UPSTREAM FIXED? the load of '../outside' answered {loaded!r}: keep the refusal"
+        for name in ("../outside", "..", "a/b", "x" * 256):
+            with pytest.raises(ModelLoadError, match="refused before sending: a model name is one folder"):
+                server.load_model(name)
 
 
 def test_grpc_unload_without_the_key_is_refused(rel_server):

@@ -5,7 +5,7 @@
  * named by the model config parameter TRITON_BATCH_STRATEGY_PATH (core src/backend_model.cc:183-221
  * at r24.10). The batcher keeps all of its own rules (max_batch_size, preferred sizes, the queue
  * delay) and asks this library one more question about every queued request it considers: may it
- * join the batch being formed? A "no" closes the batch at once, and that request opens the next
+ * join the batch being formed? A "no" ends the batch: it is sent, and that request opens the next
  * one (src/dynamic_batch_scheduler.cc:564-571).
  *
  * Why bytes: max_batch_size already caps the rows of a batch. When an input has a variable
@@ -19,14 +19,25 @@
  *   ModelBatchFinalize       the batch is formed: free the tally
  *   ModelBatcherFinalize     the model unloads (also after a failed BatcherInitialize): free the budget
  *
- * One thing the library cannot do alone in Triton 2.51: see requests already in the batch. A batch
- * that was sent without being *closed* stays open to more requests until an instance starts it, and
- * each time the batcher resumes it, it resets our tally (Finalize + Initialize) because taking
- * requests off the queue invalidated its cursor (src/dynamic_batch_scheduler.cc:344-347, 501-508,
- * 517; src/scheduler_utils.cc:410). A "no" from us closes a batch; so does reaching a preferred
- * size with no queue delay (src/dynamic_batch_scheduler.cc:596-602). The model's config therefore
- * lists every size as preferred: dynamic_batching { preferred_batch_size: [1, 2, ..., max] }
- * (lab_backends.lessons.batch_strategy.every_batch_closed; notebook 09b measures both).
+ * What the library cannot do alone in Triton 2.51: see requests already in the batch. A batch that
+ * was sent without being *closed* stays open to more requests until an instance starts it, and when
+ * the batcher resumes it, it hands us a fresh tally (BatchInitialize; BatchFinalize too from the
+ * second resume on: :834-839) because taking requests off the queue invalidated its cursor
+ * (src/dynamic_batch_scheduler.cc:343-346, 502-508, 517; src/scheduler_utils.cc:410). A batch is
+ * closed when it reaches a preferred size with no queue delay (:596-599), or when we refuse a
+ * request, unless the queue delay is set and a preferred size was reached earlier in that pass (then
+ * :596-602 sends the batch without closing it; else :613-616 closes it). The model's config
+ * therefore lists every size as preferred and sets no delay: dynamic_batching { preferred_batch_size:
+ * [1, 2, ..., max] } (lab_backends.lessons.batch_strategy.every_batch_closed; notebook 09b measures
+ * it, with and without, and with a delay).
+ *
+ * Not every BatchInitialize is followed by a BatchFinalize in Triton 2.51: the batcher finalizes a
+ * batch's tally when it sends the batch (:430-436), but not the tally of the batch still forming
+ * when the model unloads (its destructor, :174-182, only stops the thread), nor the last tally of a
+ * batch it resumed (that batch is never sent again, :430; the next batch replaces it, :343-346).
+ * Measured with the call_log wrapper (c_backends/batching/call_log): one tally per load with every
+ * batch closed, one more per resumed batch. So a tally must hold nothing but memory (no lock, no
+ * file, no count shared with other batches), and stay small: ours is three numbers.
  *
  * Build: lab_backends.server.cbackend.build_strategy(); `lab-backends build-backends` builds it
  * into build/batching/libbyte_budget.so.
@@ -105,8 +116,14 @@ TRITONSERVER_Error* TRITONBACKEND_ModelBatcherFinalize(TRITONBACKEND_Batcher* ba
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batcher* batcher, void** userp) {
+  *userp = NULL;
+  if (batcher == NULL) {
+    /* The model is unloading: Triton calls BatcherFinalize and forgets the batcher (NULL) before it
+     * stops the batcher thread, which may still start a batch (core src/backend_model.cc:953-955,
+     * then the scheduler at :967). No budget left to copy: let this batch form without one. */
+    return NULL;
+  }
   Tally* tally = malloc(sizeof *tally);
-  *userp = tally;
   if (tally == NULL) {
     /* Triton only logs this error (src/dynamic_batch_scheduler.cc:818-829); IncludeRequest then
      * gets NULL and lets the batch form without a budget rather than stall it. */
@@ -116,6 +133,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batch
   tally->max_bytes = ((const Budget*)batcher)->max_bytes;
   tally->bytes = 0;
   tally->requests = 0;
+  *userp = tally;
   return NULL;
 }
 
@@ -139,11 +157,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(TRITONBACKEND_Request
   Tally* tally = userp;
   /* Never refuse the first request of a batch, even one over the budget on its own: the batcher
    * would be left with an empty batch and ask again about the same request, forever (a "no"
-   * closes the batch, nothing is pending, nothing is sent, and the batcher thread loops straight
+   * ends the search with nothing pending, so nothing is sent, and the batcher thread loops straight
    * back: src/dynamic_batch_scheduler.cc:564-571, 605-609, 386-388). Set before anything can
    * fail: Triton only logs our error and then reads this flag (src/dynamic_batch_scheduler.cc:801-815). */
   *should_include = tally == NULL || tally->requests == 0;
-  if (tally == NULL) return NULL; /* BatchInitialize failed and said so */
+  if (tally == NULL) return NULL; /* BatchInitialize had no budget or no memory */
   uint64_t bytes = 0;
   LAB_RETURN_IF_ERROR(request_bytes(request, &bytes));
   uint64_t after = 0;

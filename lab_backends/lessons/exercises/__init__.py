@@ -10,12 +10,16 @@ A new exercise: a module here named after the notebook's topic, a checker decora
 
 # The checkers, in notebook order; imported for their registration.
 from lab_backends.lessons.exercises import (  # noqa: F401
+    architecture,
     batch_strategy,
     batching,
     c_backend,
     end_to_end,
     frameworks,
+    iterative,
     management,
+    native_frameworks,
+    observability,
     pipelines,
     python_backend,
     queue_policy,

@@ -12,9 +12,16 @@ audit runs, for every registered exercise:
 - the **alternatives** there (``ALTERNATIVES``, at least 1: correct answers shaped unlike the
   reference) -> each must pass.
 
+Each answer is judged on two paths: **direct** (``check(name, answer)`` called from here) and
+**as-taught** (:mod:`.as_taught`: the answer put where the notebook tells the learner to put it, a C
+file edited in place, and judged by the notebook's own check cell in a fresh process). An answer
+whose verdict differs between the two is a shortfall: the learner would meet a checker the audit
+never saw.
+
 It prints exactly one line per exercise,
-``NAME skeleton=not-attempted reference=pass wrong=K/N rejected alternative=M/N accepted``, then
-one indented line per shortfall, and exits non-zero when any exercise falls short.
+``NAME skeleton=not-attempted reference=pass wrong=K/N rejected alternative=M/N accepted; as-taught:
+skeleton=... accepted``, then one indented line per shortfall, and exits non-zero when any exercise
+falls short.
 
 Why a command and not only tests: the same cases serve a maintainer who changes a checker (run it
 for one exercise with ``--only``) and CI, and the line is the evidence a closing note quotes.
@@ -22,88 +29,38 @@ for one exercise with ``--only``) and CI, and the line is the evidence a closing
 
 from __future__ import annotations
 
-import ast
-import atexit
 import concurrent.futures
 import contextlib
 import io
-import json
 import multiprocessing
 import re
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError
-from lab_backends.lessons import exercises
-from lab_backends.lessons.exercises.registry import (
-    EXERCISES,
-    Exercise,
-    check,
-    get,
-    load_module,
-    load_solution,
-    started_for,
+from lab_backends.lessons.exercises import as_taught
+from lab_backends.lessons.exercises.answers import (  # noqa: F401 - Wrong, SourceVariants: the cases' API
+    CASES_DIR,
+    MIN_ALTERNATIVES,
+    MIN_WRONG,
+    NOTEBOOKS_DIR,
+    Answer,
+    Cases,
+    Judged,
+    SourceVariants,
+    Wrong,
+    answers_of,
+    load_cases,
+    notebook_skeleton,
 )
-from lab_backends.paths import PROJECT_ROOT
-
-CASES_DIR = PROJECT_ROOT / "tests" / "exercise_cases"
-NOTEBOOKS_DIR = PROJECT_ROOT / "notebooks"
-MIN_WRONG = 3
-MIN_ALTERNATIVES = 1
-
-
-@dataclass(frozen=True)
-class Wrong:
-    """A plausible wrong answer: ``fault`` says what is wrong; the refusal must match ``says``."""
-
-    fault: str
-    answer: Any
-    says: str
-
-
-class SourceVariants:
-    """Files of wrong or alternative answers made from a reference source, one fault (or change) each.
-
-    Written to a scratch folder removed when the process exits: the audit passes checkers a path,
-    as a learner does. ``variant(name, (old, new), ...)`` fails loudly when ``old`` is no longer in
-    the reference, so a case cannot silently turn into the reference itself.
-    """
-
-    def __init__(self, reference: str, prefix: str, suffix: str = ".c") -> None:
-        self.reference, self.suffix = reference, suffix
-        self.folder = Path(tempfile.mkdtemp(prefix=f"audit-{prefix}-"))
-        atexit.register(shutil.rmtree, self.folder, True)
-
-    def file(self, name: str, text: str) -> Path:
-        path = self.folder / f"{name}{self.suffix}"
-        path.write_text(text)
-        return path
-
-    def variant(self, name: str, *swaps: tuple[str, str]) -> Path:
-        text = self.reference
-        for old, new in swaps:
-            if old not in text:
-                raise ExerciseError(f"audit case {name!r}: {old!r} is not in the reference any more")
-            text = text.replace(old, new)
-        return self.file(name, text)
-
-
-@dataclass(frozen=True)
-class Cases:
-    """The wrong and alternative answers of one exercise, from ``tests/exercise_cases/<name>.py``."""
-
-    name: str
-    wrong: tuple[Wrong, ...]
-    alternatives: tuple[Any, ...]
+from lab_backends.lessons.exercises.registry import EXERCISES, Exercise, check, get, started_for
 
 
 @dataclass
 class Verdict:
-    """What the audit found for one exercise; :meth:`line` is the one line it prints."""
+    """What the audit found for one exercise on one path; :meth:`line` is the one line it prints."""
 
     name: str
     skeleton: str = "missing"
@@ -114,143 +71,117 @@ class Verdict:
     alternatives: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: What this path made of each answer, by label (the record ``--record`` writes).
+    judged: list[Judged] = field(default_factory=list)
+    #: The same answers judged on the learner's path (None when that path was not run).
+    as_taught: Verdict | None = None
 
     @property
     def ok(self) -> bool:
         return (self.skeleton == "not-attempted" and self.reference == "pass"
                 and self.wrong >= MIN_WRONG and self.rejected == self.wrong
-                and self.alternatives >= MIN_ALTERNATIVES and self.accepted == self.alternatives)
+                and self.alternatives >= MIN_ALTERNATIVES and self.accepted == self.alternatives
+                and not self.problems and (self.as_taught is None or self.as_taught.ok))
 
-    def line(self) -> str:
-        return (f"{self.name} skeleton={self.skeleton} reference={self.reference} "
+    def counts(self) -> str:
+        return (f"skeleton={self.skeleton} reference={self.reference} "
                 f"wrong={self.rejected}/{self.wrong} rejected alternative={self.accepted}/{self.alternatives} accepted")
 
-
-def load_cases(name: str, cases_dir: Path = CASES_DIR) -> Cases:
-    """``WRONG`` and ``ALTERNATIVES`` of ``<cases_dir>/<name>.py``."""
-    path = cases_dir / f"{name}.py"
-    if not path.exists():
-        raise ExerciseError(f"no audit cases for {name!r}: write {path} with WRONG (>= {MIN_WRONG}) and "
-                            f"ALTERNATIVES (>= {MIN_ALTERNATIVES})")
-    module = load_module(path, f"exercise_cases_{name}")
-    return Cases(name, tuple(getattr(module, "WRONG", ())), tuple(getattr(module, "ALTERNATIVES", ())))
+    def line(self) -> str:
+        return f"{self.name} {self.counts()}" + (f"; as-taught: {self.as_taught.counts()}" if self.as_taught else "")
 
 
-def notebook_skeleton(ex: Exercise, notebooks_dir: Path = NOTEBOOKS_DIR) -> Any:
-    """The answer the notebook hands out, evaluated as the notebook would.
+def tally(name: str, answers: list[Answer], judged: list[Judged], path: str = "") -> Verdict:
+    """The verdict of one path: ``judged`` holds one entry per answer (by label), plus the missing ones."""
+    verdict = Verdict(name, judged=list(judged))
+    by_label = {j.label: j for j in judged}
+    prefix = f"{path}: " if path else ""
+    for label in ("skeleton", "reference"):
+        item = by_label.get(label)
+        outcome = item.outcome if item else "missing"
+        setattr(verdict, label, outcome)
+        if outcome != ("not-attempted" if label == "skeleton" else "pass"):
+            verdict.problems.append(f"{prefix}{label}: {outcome}: {_first(item.message if item else 'not run')}")
+    for answer in answers:
+        item = by_label.get(answer.label, Judged(answer.label, "missing", "not run"))
+        if answer.kind == "wrong":
+            verdict.wrong += 1
+            if item.outcome == "refused" and re.search(answer.says, item.message, re.S):
+                verdict.rejected += 1
+            else:
+                verdict.problems.append(f"{prefix}{answer.label}: {item.outcome}, expected a refusal matching "
+                                        f"/{answer.says}/: {_first(item.message)}")
+        elif answer.kind == "alternative":
+            verdict.alternatives += 1
+            if item.outcome == "pass":
+                verdict.accepted += 1
+            else:
+                verdict.problems.append(f"{prefix}{answer.label}: {item.outcome}: {_first(item.message)}")
+    return verdict
 
-    Finds the cell that calls ``exercises.check("<name>", ANSWER, ...)``, runs the statements of that
-    cell before the call and, when ANSWER is a name the cell does not bind, the nearest earlier code
-    cell that binds it; then evaluates ANSWER. The namespace holds what those cells use from the
-    notebook's first cell (``exercises``, ``PROJECT_ROOT``); nothing else of the notebook runs.
+
+def _directly(name: str, answer: Answer, server: Any) -> Judged:
+    """``check(name, answer)`` called from here: the path every audit took before the as-taught one."""
+    try:
+        result = check(name, answer.value, server, quiet=True)
+    except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with its type
+        return Judged(answer.label, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if not result.attempted:
+        return Judged(answer.label, "not-attempted", result.message)
+    return Judged(answer.label, "pass" if result.passed else "refused", result.message)
+
+
+#: How the learner's path is run: in a fresh process by default; tests pass an in-process judge or None.
+AsTaught = Callable[[str, Path, Path, Any], list[Judged]]
+
+
+def _learner_path(learner_path: AsTaught, name: str, cases_dir: Path, notebooks_dir: Path, server: Any,
+                  answers: list[Answer]) -> list[Judged]:
+    try:
+        return learner_path(name, cases_dir, notebooks_dir, server)
+    except ExerciseError as exc:
+        return [Judged(a.label, "error", str(exc)) for a in answers]
+
+
+def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR, notebooks_dir: Path = NOTEBOOKS_DIR,
+              learner_path: AsTaught | None = as_taught.in_fresh_process) -> Verdict:
+    """Judge every answer of exercise ``name`` directly, then as taught (unless ``learner_path`` is None).
+
+    ``server`` is handed to the checker (None: it starts its own); the as-taught process reaches it by URL.
+    When the checker starts servers of its own (no models declared) and the learner's path runs in a
+    fresh process, the two paths share nothing and run side by side; otherwise one after the other,
+    since checkers reload models on the server they are given.
     """
-    path = notebooks_dir / f"{ex.notebook}.ipynb"
-    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    sources = ["".join(c["source"]) for c in cells]
-    for index, source in enumerate(sources):
-        call = _check_call(source, ex.name)
-        if call is None:
-            continue
-        statement, expr = call
-        namespace: dict[str, Any] = {"exercises": exercises, "PROJECT_ROOT": PROJECT_ROOT}
-        tree = ast.parse(source)
-        before = ast.Module(body=tree.body[:statement], type_ignores=[])
-        bound = {n.id for n in ast.walk(before) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        wanted = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - bound - set(namespace)
-        for name in wanted:
-            cell = next((s for s in reversed(sources[:index]) if name in _bound_names(s)), None)
-            if cell is None:
-                raise ExerciseError(f"{path.name}: no cell before the check binds {name!r}")
-            exec(compile(cell, f"{path.name} (answer cell)", "exec"), namespace)  # our own notebook's cell
-        exec(compile(before, f"{path.name} (check cell)", "exec"), namespace)
-        return eval(compile(ast.Expression(expr), path.name, "eval"), namespace)
-    raise ExerciseError(f"{path.name} never calls exercises.check({ex.name!r}, ...)")
-
-
-def _check_call(source: str, name: str) -> tuple[int, ast.expr] | None:
-    """(index of the top-level statement, the answer expression) of ``exercises.check(name, answer, ...)``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    for i, statement in enumerate(tree.body):
-        for node in ast.walk(statement):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "check"
-                    and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value == name):
-                return i, node.args[1]
-    return None
-
-
-def _bound_names(source: str) -> set[str]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return names
-
-
-def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR,
-              notebooks_dir: Path = NOTEBOOKS_DIR) -> Verdict:
-    """Run every case of exercise ``name``; ``server`` is handed to the checker (None: it starts its own)."""
-    ex = get(name)
-    verdict = Verdict(name)
     started = time.monotonic()
-
-    def run(answer: Any) -> tuple[str, str]:
-        """('not-attempted' | 'pass' | 'refused' | 'error', message)."""
-        try:
-            result = check(name, answer, server, quiet=True)
-        except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with its type
-            return "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if not result.attempted:
-            return "not-attempted", result.message
-        return ("pass" if result.passed else "refused"), result.message
-
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the cells print the task: not the audit's business
-            skeleton = notebook_skeleton(ex, notebooks_dir)
-        verdict.skeleton, message = run(skeleton)
-    except ExerciseError as exc:
-        verdict.skeleton, message = "missing", str(exc)
-    if verdict.skeleton != "not-attempted":
-        verdict.problems.append(f"skeleton: {verdict.skeleton}: {_first(message)}")
-    try:
-        verdict.reference, message = run(load_solution(name))
-    except ExerciseError as exc:
-        verdict.reference, message = "missing", str(exc)
-    if verdict.reference != "pass":
-        verdict.problems.append(f"reference: {verdict.reference}: {_first(message)}")
-    try:
-        cases = load_cases(name, cases_dir)
-    except ExerciseError as exc:
-        verdict.problems.append(str(exc))
-        return verdict
-    verdict.wrong, verdict.alternatives = len(cases.wrong), len(cases.alternatives)
-    for case in cases.wrong:
-        outcome, message = run(case.answer)
-        if outcome == "refused" and re.search(case.says, message, re.S):
-            verdict.rejected += 1
+    with contextlib.redirect_stdout(io.StringIO()):  # the cells print the task: not the audit's business
+        answers, missing, problems = answers_of(name, cases_dir, notebooks_dir)
+    side_by_side = learner_path is as_taught.in_fresh_process and not get(name).models
+    with concurrent.futures.ThreadPoolExecutor(1) as other:
+        taught_later = (other.submit(_learner_path, learner_path, name, cases_dir, notebooks_dir, server, answers)
+                        if side_by_side and learner_path is not None else None)
+        direct = missing + [_directly(name, answer, server) for answer in answers]
+        if taught_later is not None:
+            taught: list[Judged] | None = missing + taught_later.result()
+        elif learner_path is not None:
+            taught = missing + _learner_path(learner_path, name, cases_dir, notebooks_dir, server, answers)
         else:
-            verdict.problems.append(f"wrong ({case.fault}): {outcome}, expected a refusal matching "
-                                    f"/{case.says}/: {_first(message)}")
-    for i, answer in enumerate(cases.alternatives, 1):
-        outcome, message = run(answer)
-        if outcome == "pass":
-            verdict.accepted += 1
-        else:
-            verdict.problems.append(f"alternative {i}: {outcome}: {_first(message)}")
-    if verdict.wrong < MIN_WRONG or verdict.alternatives < MIN_ALTERNATIVES:
-        verdict.problems.append(f"needs >= {MIN_WRONG} wrong answers and >= {MIN_ALTERNATIVES} alternative "
-                                f"in {cases_dir / (name + '.py')}")
+            taught = None
+    verdict = tally(name, answers, direct)
+    verdict.problems += problems
+    if taught is not None:
+        verdict.as_taught = tally(name, answers, taught, "as-taught")
+        verdict.problems += verdict.as_taught.problems
+        outcome = {j.label: j.outcome for j in taught}
+        verdict.problems += [f"{j.label}: direct {j.outcome}, as-taught {outcome.get(j.label, 'missing')}: the "
+                             "learner's path disagrees" for j in direct if outcome.get(j.label, "missing") != j.outcome]
     verdict.seconds = time.monotonic() - started
     return verdict
+
+
+def record(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    """What ``exercises audit --record FILE`` writes: each exercise's verdict on each answer, both paths."""
+    return [{"name": v.name, "ok": v.ok, "line": v.line(), "direct": [asdict(j) for j in v.judged],
+             "as_taught": [asdict(j) for j in v.as_taught.judged] if v.as_taught else None} for v in verdicts]
 
 
 def _first(message: str, width: int = 240) -> str:
@@ -291,18 +222,39 @@ def _emit(verdict: Verdict, emit: Callable[[str], None]) -> None:
         emit(f"  {problem}")
 
 
+#: Seconds each exercise's audit took (both paths) with ``--jobs 3`` on this project's 2 cores (2026-12-02), used
+#: only to share the exercises fairly among the workers: a new exercise counts as DEFAULT_S until measured.
+TYPICAL_S = {"tf_gather_scatter": 90, "batch_of_eight": 89, "queue_holds_one_batch": 87, "tune_the_batcher": 56,
+             "one_tenant_per_batch": 52, "longest_queue": 37, "step_and_release": 37, "canary_versions": 35,
+             "preprocess_backend": 25,
+             "clip_backend": 22, "framework_agreement": 20, "ensemble_with_c_preprocess": 19, "metrics_window": 15,
+             "interleaved_sequences": 3, "request_path": 3, "kserve_json_body": 1}
+DEFAULT_S = 30.0
+
+
+def balanced(names: list[str], jobs: int) -> list[list[str]]:
+    """``names`` in ``jobs`` groups of about equal time: the longest first, each to the least loaded group."""
+    groups: list[list[str]] = [[] for _ in range(min(jobs, len(names)))]
+    load = [0.0] * len(groups)
+    for name in sorted(names, key=lambda n: (-TYPICAL_S.get(n, DEFAULT_S), n)):
+        least = load.index(min(load))
+        groups[least].append(name)
+        load[least] += TYPICAL_S.get(name, DEFAULT_S)
+    return [g for g in groups if g]
+
+
 def audit(names: list[str] | None = None, emit: Callable[[str], None] = print, jobs: int = 1) -> list[Verdict]:
     """Audit ``names`` (every registered exercise by default); print one line each, in name order.
 
     ``jobs`` > 1 splits the exercises among that many worker processes (spawned: no gRPC state is
     forked), each with its own servers on free ports; their lines are printed when all are done, in
     the same order as a single run's. Most checkers wait on servers starting and loading, which is
-    why two workers on two cores finish sooner.
+    why three workers on two cores finish sooner; :func:`balanced` shares the work out.
     """
     names = names or sorted(EXERCISES)
     if jobs <= 1 or len(names) <= 1:
         return _audit_group(names, lambda verdict: _emit(verdict, emit))
-    groups = [names[i::jobs] for i in range(jobs)]
+    groups = balanced(names, jobs)
     with concurrent.futures.ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn")) as pool:
         done = [v for part in pool.map(_audit_group, groups) for v in part]
     verdicts = sorted(done, key=lambda v: names.index(v.name))

@@ -1,9 +1,11 @@
 """Notebook 09b's exercise (``one_tenant_per_batch``): a batching strategy in C that never mixes tenants.
 
-The learner completes ``notebooks/exercises/tenant_batching.c``; the checker does what a reviewer
-and a test server would, in the order a learner fixes things:
+The learner completes ``exercises/tenant_batching.c`` next to the notebook, in place (handed out by
+set-up: :mod:`lab_backends.lessons.handout`); the checker does what a reviewer and a test server would, in the order a
+learner fixes things:
 
-1. reads the source: the untouched skeleton -> "not attempted"; then what it frees
+1. reads the source: the skeleton as shipped (the package's copy, never the file being edited) ->
+   "not attempted"; then what it frees
    (:func:`~lab_backends.lessons.batch_strategy.allocation_faults`): a ``ModelBatchFinalize`` that
    does not free what ``ModelBatchInitialize``/``IncludeRequest`` allocated leaks once per batch;
 2. builds it with ``gcc -Wall -Wextra -Werror -Wl,-z,defs``, all five entry points exported;
@@ -29,7 +31,8 @@ import pandas as pd
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons import batch_strategy
 from lab_backends.lessons.exercises.registry import exercise
-from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
+from lab_backends.lessons.handout import handout, read_c_answer
+from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import crash
 from lab_backends.server.repository import read_config
 from lab_backends.server.triton_server import TritonServer
@@ -37,18 +40,21 @@ from lab_backends.waiting import poll
 
 NAME = "one_tenant_per_batch"
 MODEL = "scheduler_probe"
-SKELETON = PROJECT_ROOT / "notebooks" / "exercises" / "tenant_batching.c"
-NOT_ATTEMPTED = ("complete the three TODO(exercise) places in notebooks/exercises/tenant_batching.c (the marks "
-                 "may stay), then run this cell again")
+HANDOUT = handout(NAME)
+#: The skeleton as shipped (the learner edits a copy: ``exercises/tenant_batching.c`` next to notebook 09b).
+SKELETON = HANDOUT.shipped
+NOT_ATTEMPTED = ("complete the three TODO(exercise) places in exercises/tenant_batching.c, next to this notebook "
+                 "(the marks may stay), save it, then run this cell again")
 TASK = (
-    "Complete notebooks/exercises/tenant_batching.c, a custom batching strategy: a batch holds the requests of "
-    "one tenant only. A request's tenant is its string request parameter 'tenant' (parameters={'tenant': 'red'}); "
-    "a request without one belongs to tenant \"\" (a group of its own). ModelBatchInitialize sets up a new batch's "
-    "state, ModelBatchIncludeRequest says whether the next queued request joins (the first request of a batch "
-    "always does, and decides its tenant), ModelBatchFinalize frees what the batch allocated. Then call "
-    "exercises.check('one_tenant_per_batch', path_to_your_file). The checker reads your frees, builds the file "
-    "with -Wall -Wextra -Werror -Wl,-z,defs, loads it on scheduler_probe on a server of its own, sends bursts "
-    "of requests of several tenants and checks every batch in the trace."
+    "Complete exercises/tenant_batching.c (next to notebook 09b), a custom batching strategy: a batch holds "
+    "the requests of one tenant only. A request's tenant is its string request parameter 'tenant' "
+    "(parameters={'tenant': 'red'}); a request without one belongs to tenant \"\" (a group of its own). "
+    "ModelBatchInitialize sets up a new batch's state, ModelBatchIncludeRequest says whether the next queued "
+    "request joins (the first request of a batch always does, and decides its tenant), ModelBatchFinalize "
+    "frees what the batch allocated. Then call exercises.check('one_tenant_per_batch', "
+    "'exercises/tenant_batching.c'). The checker reads your frees, builds the file with -Wall -Wextra -Werror "
+    "-Wl,-z,defs, loads it on scheduler_probe on a server of its own, sends bursts of requests of several "
+    "tenants and checks every batch in the trace."
 )
 #: The tenants of one burst, in runs (None: no tenant parameter). "redwood" starts with "red".
 RUNS = (("red", 4), ("redwood", 3), ("blue", 5), (None, 3), ("red", 3), ("redwood", 4), (None, 2),
@@ -62,17 +68,12 @@ def tenants() -> list[str | None]:
 
 
 def read_answer(answer: Any) -> tuple[Path, str]:
-    """The learner's C file and its text; ``NotImplementedError`` while it is the skeleton as handed out."""
-    if answer is None:
-        raise NotImplementedError(NOT_ATTEMPTED)
-    path = Path(answer)
-    if not path.is_file():
-        raise ExerciseError(f"{path} is not a file: pass the path of your tenant_batching.c "
-                            f"(the skeleton is {SKELETON})")
-    source = path.read_text()
-    if source.split() == SKELETON.read_text().split():
-        raise NotImplementedError(NOT_ATTEMPTED)
-    return path, source
+    """The learner's C file and its text; ``NotImplementedError`` while it is the skeleton as shipped.
+
+    Compared with the package's copy, so a file edited in place, as notebook 09b says, is judged as
+    what it now is (comparing with the path being edited called every edit "not attempted").
+    """
+    return read_c_answer(answer, HANDOUT, "09b", NOT_ATTEMPTED)
 
 
 @exercise(NAME, notebook="09b_batching_strategy_in_c", task=TASK, models=())

@@ -11,9 +11,9 @@
  *   input  INPUT0  TYPE_FP32 dims [-1]       output OUTPUT0 TYPE_FP32 dims [-1]
  *   parameters { key: "lo" value { string_value: "-1.5" } }  (and "hi"; the numbers vary)
  *
- * Helpers you may use (c_backends/include/lab_backend_util.h): lab_errorf, LAB_RETURN_IF_ERROR,
+ * Helpers you may use (include/lab_backend_util.h, next to this file): lab_errorf, LAB_RETURN_IF_ERROR,
  * lab_model_config_json, lab_json_parameter, lab_get_input, lab_gather_input, lab_send_error,
- * lab_finish_request, LAB_LOG. The API itself: c_backends/include/lab_triton.h.
+ * lab_finish_request, LAB_LOG. The API itself: include/lab_triton.h.
  */
 #include <errno.h>
 #include <math.h>

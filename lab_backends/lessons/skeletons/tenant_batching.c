@@ -12,8 +12,8 @@
  * tenant "" (a group of its own). A batch holds the requests of one tenant only: the first request
  * of a batch decides its tenant, and the batch closes at the first queued request of another one.
  *
- * Helpers you may use (c_backends/include/lab_backend_util.h): lab_errorf, LAB_RETURN_IF_ERROR,
- * LAB_LOG; request_tenant below. The API: c_backends/include/lab_triton.h (its last section).
+ * Helpers you may use (include/lab_backend_util.h, next to this file): lab_errorf, LAB_RETURN_IF_ERROR,
+ * LAB_LOG; request_tenant below. The API: include/lab_triton.h (its last section).
  */
 #include "lab_backend_util.h"
 

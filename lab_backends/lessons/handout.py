@@ -1,0 +1,121 @@
+"""The C exercises' files, handed out next to the notebooks, and judged against the skeleton as shipped.
+
+Notebooks 09 and 09b tell the learner to complete ``exercises/clip.c`` and
+``exercises/tenant_batching.c`` *in place*, next to the notebook. So the file the learner edits
+cannot also be the reference for "not attempted": a checker that compared the answer with the
+current text of that path saw an edited file as "the untouched skeleton" and refused every correct
+answer. The skeletons as shipped live here, in the package (``skeletons/``), and only here:
+
+* :func:`hand_out` (run by ``lab-backends setup``) copies each one into ``notebooks/exercises/``
+  when it is not there yet, and never overwrites a learner's file; it also copies the headers the
+  skeletons include into ``notebooks/exercises/include/``, because JupyterLab's file browser
+  cannot leave ``notebooks/`` (nor a learner's ``~/notebooks`` in a class) to open
+  ``c_backends/include/``. The headers are refreshed whenever they differ: they are read, not edited.
+* :func:`untouched` is what "not attempted" means for every C checker: the text equals the shipped
+  skeleton, whitespace aside. The ``TODO(exercise)`` comments may stay in a finished file.
+* :func:`reset` hands a fresh skeleton out again, keeping the learner's file beside it as a
+  ``.bak`` (``lab-backends exercises reset NAME``): nothing the learner wrote is lost.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab_backends.errors import ExerciseError
+from lab_backends.paths import NOTEBOOK_DIR
+from lab_backends.server.cbackend import INCLUDE_DIR
+
+SKELETONS_DIR = Path(__file__).resolve().parent / "skeletons"
+#: Where the notebooks tell the learner to look, relative to the notebook (its working directory).
+EXERCISES_SUBDIR = "exercises"
+
+
+@dataclass(frozen=True)
+class Handout:
+    """One exercise file: the exercise it belongs to and its file name under ``exercises/``."""
+
+    exercise: str
+    filename: str
+
+    @property
+    def shipped(self) -> Path:
+        """The skeleton as shipped with the package: never edited, the reference for "not attempted"."""
+        return SKELETONS_DIR / self.filename
+
+    def in_notebooks(self, notebooks_dir: Path = NOTEBOOK_DIR) -> Path:
+        """Where the learner edits it: ``<notebooks>/exercises/<filename>``."""
+        return notebooks_dir / EXERCISES_SUBDIR / self.filename
+
+
+HANDOUTS = (Handout("clip_backend", "clip.c"), Handout("one_tenant_per_batch", "tenant_batching.c"),
+            Handout("tf_gather_scatter", "tf_gather_scatter.c"))
+#: Headers handed out beside the skeletons, to read: the shared ones, and lab_tensorflow's own
+#: (tf_gather_scatter.c includes config_json.h and tf_proto.h).
+HEADER_DIRS = (INCLUDE_DIR, INCLUDE_DIR.parent / "frameworks" / "lab_tensorflow")
+
+
+def handout(exercise: str) -> Handout:
+    for item in HANDOUTS:
+        if item.exercise == exercise:
+            return item
+    raise ExerciseError(f"exercise {exercise!r} hands out no file; the ones that do: "
+                        f"{', '.join(h.exercise for h in HANDOUTS)}")
+
+
+def untouched(source: str, item: Handout) -> bool:
+    """Is ``source`` the skeleton as shipped, whitespace aside (re-indenting it is not an attempt)?"""
+    return source.split() == item.shipped.read_text().split()
+
+
+def read_c_answer(answer: object, item: Handout, notebook: str, not_attempted: str) -> tuple[Path, str]:
+    """The learner's C file for ``item`` and its text; ``NotImplementedError(not_attempted)`` while it is
+    the skeleton as shipped. Compared with the package's copy, never with the file being edited in
+    place (a finished file may keep the skeleton's comments and TODO marks: it is an attempt)."""
+    if answer is None:
+        raise NotImplementedError(not_attempted)
+    path = Path(answer)
+    if not path.is_file():
+        raise ExerciseError(f"{path.resolve()} is not a file: pass the path of your {item.filename} (notebook "
+                            f"{notebook}'s {EXERCISES_SUBDIR}/{item.filename}; `lab-backends exercises reset "
+                            f"{item.exercise}` hands out a fresh one)")
+    source = path.read_text()
+    if untouched(source, item):
+        raise NotImplementedError(not_attempted)
+    return path, source
+
+
+def hand_out(notebooks_dir: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Copy the skeletons that are missing and the headers that differ; the paths written."""
+    folder = notebooks_dir / EXERCISES_SUBDIR
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for item in HANDOUTS:
+        target = item.in_notebooks(notebooks_dir)
+        if not target.exists():
+            shutil.copyfile(item.shipped, target)
+            written.append(target)
+    include = folder / "include"
+    include.mkdir(exist_ok=True)
+    for header in sorted(h for d in HEADER_DIRS for h in d.glob("*.h")):
+        target = include / header.name
+        if not target.exists() or target.read_bytes() != header.read_bytes():
+            target.unlink(missing_ok=True)
+            shutil.copyfile(header, target)
+            target.chmod(0o444)  # a copy to read: edits belong in c_backends/include/
+            written.append(target)
+    return written
+
+
+def reset(exercise: str, notebooks_dir: Path = NOTEBOOK_DIR) -> tuple[Path, Path | None]:
+    """A fresh skeleton for ``exercise``; the learner's file moves to ``<file>.<time>.bak`` (or None)."""
+    item = handout(exercise)
+    target = item.in_notebooks(notebooks_dir)
+    kept = None
+    if target.exists():
+        kept = target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+        target.rename(kept)
+    hand_out(notebooks_dir)
+    return target, kept

@@ -1,0 +1,55 @@
+"""The C exercises' files: handed out next to the notebooks, judged against the skeleton as shipped.
+
+A learner edits ``exercises/clip.c`` in place, as notebook 09 says: the checkers must judge that file
+as what it now is (they once compared it with itself and called every edit "not attempted").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_backends import cli
+from lab_backends.lessons import c_lab, handout
+from lab_backends.lessons.exercises import batch_strategy
+from lab_backends.lessons.exercises.answers import shipped
+from lab_backends.server.cbackend import INCLUDE_DIR
+
+
+def test_set_up_hands_out_each_skeleton_and_the_headers_once(tmp_path) -> None:
+    written = handout.hand_out(tmp_path)
+    for item in handout.HANDOUTS:
+        copy = item.in_notebooks(tmp_path)
+        assert copy in written and copy.read_text() == item.shipped.read_text()
+    for header in INCLUDE_DIR.glob("*.h"):
+        assert (tmp_path / "exercises" / "include" / header.name).read_bytes() == header.read_bytes()
+    mine = handout.handout("clip_backend").in_notebooks(tmp_path)
+    mine.write_text("/* my work */\n")
+    assert handout.hand_out(tmp_path) == [] and mine.read_text() == "/* my work */\n"  # never overwritten
+
+
+def test_reset_keeps_the_learners_file(tmp_path, capsys, monkeypatch) -> None:
+    handout.hand_out(tmp_path)
+    mine = handout.handout("one_tenant_per_batch").in_notebooks(tmp_path)
+    mine.write_text("/* half done */\n")
+    fresh, kept = handout.reset("one_tenant_per_batch", tmp_path)
+    assert fresh == mine and fresh.read_text() == handout.handout("one_tenant_per_batch").shipped.read_text()
+    assert kept is not None and kept.read_text() == "/* half done */\n" and kept.name.endswith(".bak")
+    assert cli.main(["exercises", "reset"]) == 2 and "name the exercise" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", [c_lab, batch_strategy], ids=["clip", "tenant"])
+def test_a_copy_edited_in_place_is_an_attempt_and_the_untouched_copy_is_not(tmp_path, module) -> None:
+    """The learner's path: the handed-out copy, untouched, then edited in place (TODO marks kept)."""
+    handout.hand_out(tmp_path)
+    copy = module.HANDOUT.in_notebooks(tmp_path)
+    with pytest.raises(NotImplementedError, match="next to this notebook"):
+        module.read_answer(copy)
+    copy.write_text(copy.read_text().replace("TODO(exercise)", "TODO(exercise) done:", 1))
+    path, source = module.read_answer(copy)
+    assert path == copy and "done:" in source
+
+
+def test_the_direct_audit_judges_the_skeleton_as_shipped_not_the_learners_copy() -> None:
+    assert shipped("exercises/clip.c") == c_lab.SKELETON
+    assert shipped("exercises/tenant_batching.c") == batch_strategy.SKELETON
+    assert shipped("exercises/other.c") == "exercises/other.c" and shipped(None) is None
