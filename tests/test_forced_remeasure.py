@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from lab_backends.notebook import FORCED_FACTOR, REMEASURE_FACTOR, Claim, check_claims, check_measured, forced_remeasure
+from lab_backends.notebook import (
+    FORCED_FACTOR,
+    REMEASURE_FACTOR,
+    Claim,
+    check_claims,
+    check_measured,
+    forced_remeasure,
+    measure_rounds,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "10_observability_and_caching.ipynb"
@@ -63,3 +71,25 @@ def test_forced_a_fallback_that_misses_once_gets_the_retry_a_real_miss_gets(monk
 def test_forced_without_a_fallback_nothing_changes(monkeypatch) -> None:
     monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
     assert check_measured("holds", 3.0, float, above=2) == 3.0
+
+
+def test_measure_rounds_retries_a_miss_once_over_the_longer_window(monkeypatch, capsys) -> None:
+    """The retry an exercise checker shares with the claims (03's tune_the_batcher): one, longer, bounded."""
+    monkeypatch.delenv("LAB_FORCE_REMEASURE", raising=False)
+    factors: list[float] = []
+    assert measure_rounds(5, lambda x: x > 3, lambda k: factors.append(k) or 9) == [5, 9]
+    assert factors == [REMEASURE_FACTOR], "a second miss is not re-measured again: the last round decides"
+    assert "the machine may be busy: re-measuring once over a 2x window" in capsys.readouterr().out
+    assert measure_rounds(1, lambda x: x > 3, lambda k: factors.append(k) or 9) == [1]
+    assert factors == [REMEASURE_FACTOR], "a first round that held is not re-measured"
+    assert measure_rounds(5, lambda x: x > 3, None) == [5]
+
+
+def test_measure_rounds_forced_runs_the_fallback_and_retries_only_its_miss(monkeypatch) -> None:
+    monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
+    factors: list[float] = []
+    assert measure_rounds(1, lambda x: x > 3, lambda k: factors.append(k) or 2) == [1, 2]
+    assert factors == [FORCED_FACTOR]
+    rounds = iter([5, 2])
+    assert measure_rounds(1, lambda x: x > 3, lambda k: factors.append(k) or next(rounds)) == [1, 5, 2]
+    assert factors == [FORCED_FACTOR, FORCED_FACTOR, REMEASURE_FACTOR]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from lab_backends.errors import LoadSettingError
+from lab_backends.lessons.exercises.registry import get
 from lab_backends.measure import plots
 from lab_backends.measure.loadgen import example_inputs, run_closed, run_open
 from lab_backends.measure.sweep import NO_BATCHING, sweep
@@ -263,3 +264,17 @@ def test_bench_writes_its_files_with_the_agreed_columns(tmp_path):
         assert parts[1] > 0 and parts[2] > 0, row
         assert 0 < float(row["server_bound"]) < 1, row
     assert out["paths"]["figure"].stat().st_size > 10_000
+
+
+def test_tune_the_batcher_forced_re_measures_and_judges_the_second_run(fresh, monkeypatch, capsys):
+    """03's checker re-measures a miss once (a p99 bound is absolute); forced here, the second run decides.
+
+    Why forced: the re-measure runs only when a busy machine pushes a correct config over 100 ms (a
+    fresh clone's audit beside a one-core hog did), so a fault in it would wait for that day.
+    """
+    monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
+    message = get("tune_the_batcher").checker({"dynamic_batching": {}}, fresh)
+    out = capsys.readouterr().out
+    assert "LAB_FORCE_REMEASURE=1: re-measuring once over a 1x window" in out
+    assert "fast and within the p99 bound" in message
+    assert fresh.model_config(MODEL).HasField("dynamic_batching"), "the learner's model is given back as it was"
