@@ -44,6 +44,7 @@ from lab_backends.classroom.settings import (
 )
 from lab_backends.errors import LabBackendsError
 from lab_backends.server import limits
+from lab_backends.server.crash import backoff_delay, describe_exit
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR
 
@@ -54,6 +55,10 @@ class ClassError(LabBackendsError):
     """The class cannot start or stop; the message says why and what to do."""
 
 
+#: What each child of the supervisor is called in its messages.
+ROLES = {"triton": "the shared Triton (lab-backends serve)", "hub": "JupyterHub"}
+
+
 @dataclass
 class Running:
     """The class's processes: the supervisor and its two children (their PIDs are what stop uses)."""
@@ -62,6 +67,8 @@ class Running:
     triton: subprocess.Popen
     hub: subprocess.Popen
     seen: set[int]  #: every descendant seen while they ran: killed by PID if a child left it behind
+    #: A new child for a role of :data:`ROLES`, started with the same command (``supervise`` restarts the dead).
+    respawn: Callable[[str], subprocess.Popen] | None = None
 
 
 def preflight(settings: ClassSettings) -> None:
@@ -133,27 +140,35 @@ def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s
     serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--http-port", str(http), "--grpc-port",
              str(grpc_port), "--metrics-port", str(metrics), "--admin-key-file", str(settings.key_file),
              "--restricted-apis", ",".join(CLASS_RESTRICTED), *[a for m in settings.models for a in ("--model", m)]]
-    triton = _spawn(serve, state / "triton.log", env, state)
+    hub_cmd = [str(bin_dir / "jupyterhub"), "-f", str(settings.config_file)]
+
+    def respawn(role: str) -> subprocess.Popen:
+        return _spawn(serve, state / "triton.log", env, state) if role == "triton" else _spawn(
+            hub_cmd, state / "hub.log", env, state)
+
+    triton = respawn("triton")
     hub = None
     try:
         _wait("the shared Triton", lambda: settings.key_file.exists() and _answers(
             f"http://{settings.triton_http}/v2/health/ready"), [triton], [state / "triton.log"], timeout_s)
         say(f"shared Triton ready: http://{settings.triton_http} (pid {triton.pid}; "
             f"key in {settings.key_file}, root only)")
-        hub = _spawn([str(bin_dir / "jupyterhub"), "-f", str(settings.config_file)], state / "hub.log", env, state)
+        hub = respawn("hub")
         _wait("JupyterHub", lambda: _answers(f"{settings.hub_url}/hub/api/"), [hub, triton],
               [state / "hub.log", state / "triton.log"], 120)
     except BaseException:
         stop(Running(os.getpid(), triton, hub or triton, set()), settings, say)
         raise
-    running = Running(os.getpid(), triton, hub, set())
+    running = Running(os.getpid(), triton, hub, set(), respawn)
     _remember(running)
-    (state / PIDS_FILE).write_text(json.dumps({"supervisor": os.getpid(), "triton": triton.pid, "hub": hub.pid}))
+    _write_pids(running, settings)
     say(f"JupyterHub ready: {settings.hub_url}/ (pid {hub.pid}); learners log in with their Unix name and password")
     return running
 
 
 def _remember(running: Running) -> None:
+    """Add the children's descendants to ``seen``; forget the dead (their PIDs may be reused after restarts)."""
+    running.seen.difference_update([pid for pid in running.seen if not psutil.pid_exists(pid)])
     for child in (running.triton, running.hub):
         try:
             running.seen.update(p.pid for p in psutil.Process(child.pid).children(recursive=True))
@@ -161,29 +176,56 @@ def _remember(running: Running) -> None:
             pass
 
 
-def supervise(running: Running, settings: ClassSettings, say: Callable[[str], None] = print) -> int:
-    """Until Ctrl-C / SIGTERM (0) or a child's death (1); then everything stops."""
+def _write_pids(running: Running, settings: ClassSettings) -> None:
+    """What ``class stop`` (another process) reads: the supervisor and its children's current PIDs."""
+    (settings.state_dir / PIDS_FILE).write_text(json.dumps(
+        {"supervisor": running.supervisor, "triton": running.triton.pid, "hub": running.hub.pid}))
+
+
+def supervise(running: Running, settings: ClassSettings, say: Callable[[str], None] = print,
+              backoff_s: float = 1.0) -> int:
+    """Until Ctrl-C / SIGTERM (0); then everything stops. A child that dies is started again.
+
+    Why restart instead of ending the class: one learner could otherwise end it for everyone (kill
+    the shared Triton's supervisor or crash the hub). ``serve --restart`` already brings a crashed
+    tritonserver back on its ports; here a dead ``serve`` or hub is started again with the same
+    command, after the same capped, doubling backoff (``crash.backoff_delay``). A restarted hub finds
+    the learners' servers still running: they are not its children's children by then but its
+    database's (``LocalProcessSpawner`` keeps each server's PID in its state and polls it), and
+    JupyterHub stops the old proxy from its PID file and routes to them again.
+    """
     def _stop_requested(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop_requested)
     signal.signal(signal.SIGINT, _stop_requested)  # also when started in the background, where SIGINT comes ignored
-    code = 0
+    deaths: list[float] = []
     try:
         say("the class runs; Ctrl-C here or `make class-stop` stops everything it started")
-        while running.triton.poll() is None and running.hub.poll() is None:
+        while True:
             _remember(running)
+            for role, what in ROLES.items():
+                child = getattr(running, role)
+                if child.poll() is None or running.respawn is None:
+                    continue
+                now = time.monotonic()
+                deaths = [t for t in deaths if now - t < 60] + [now]
+                delay = backoff_delay(len(deaths), backoff_s)
+                say(f"{what} {describe_exit(child.returncode)}; starting it again in {delay:.1f} s "
+                    f"({len(deaths)} restart(s) in the last minute); the rest of the class keeps running "
+                    f"(logs in {settings.state_dir})")
+                time.sleep(delay)
+                setattr(running, role, running.respawn(role))
+                _write_pids(running, settings)
+                say(f"{what} started again: pid {getattr(running, role).pid}")
             time.sleep(1.0)
-        died = "the shared Triton (lab-backends serve)" if running.triton.poll() is not None else "JupyterHub"
-        say(f"{died} exited; stopping the class (logs in {settings.state_dir})")
-        code = 1
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM or Ctrl-C must not cut the stop short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         stop(running, settings, say)
-    return code
+    return 0
 
 
 def _stop_child(child: subprocess.Popen, grace_s: float) -> None:

@@ -131,6 +131,15 @@ def raise_if_crashed(server: Any) -> None:
         raise crash_error(server, code)
 
 
+def backoff_delay(recent: int, base_s: float = 1.0) -> float:
+    """The wait before restart number ``recent`` within a minute: ``base_s`` doubled each time, capped.
+
+    Shared by ``serve --restart`` (a crashed tritonserver) and the class supervisor (a dead hub or
+    ``serve``): whatever keeps dying comes back every :data:`BACKOFF_CAP_S` at worst, never in a loop.
+    """
+    return min(base_s * 2 ** (max(recent, 1) - 1), BACKOFF_CAP_S)
+
+
 def supervise(
     server: Any,
     max_per_minute: int | None = None,
@@ -176,7 +185,7 @@ def _supervise(server: Any, max_per_minute: int | None, report: Callable[[str], 
         if max_per_minute is not None and len(crashes) > max_per_minute:
             report(f"{len(crashes)} crashes within a minute: not restarting again")
             return 1
-        delay = min(backoff_s * 2 ** (len(crashes) - 1), BACKOFF_CAP_S)  # calm minutes reset the backoff
+        delay = backoff_delay(len(crashes), backoff_s)  # calm minutes reset the backoff
         report(f"restarting in {delay:.1f} s ({len(crashes)} crash(es) in the last minute)")
         time.sleep(delay)
         try:

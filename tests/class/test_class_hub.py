@@ -11,6 +11,9 @@ region of its servers.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,8 +23,10 @@ import psutil
 import pytest
 from browser.test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, _kernel_idle, _no_errors, _run_menu, _wait
 
+from lab_backends import rest
 from lab_backends.server.endpoints import statistics_payload
 from lab_backends.server.processes import SHM_DIR, shm_regions
+from lab_backends.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
@@ -186,6 +191,62 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
     host = subprocess.run(["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--", "cat",
                            f"/proc/{triton[0]}/cmdline"], capture_output=True, timeout=30)
     assert room.key.encode() in host.stdout, "control failed: the key is not on the host's tritonserver command line"
+
+
+def _shared_triton(room: Any) -> int | None:
+    port = f"--http-port={room.triton_http.rpartition(':')[2]}"
+    found = [p.pid for p in psutil.process_iter(["name", "cmdline"])
+             if p.info["name"] == "tritonserver" and port in (p.info["cmdline"] or [])]
+    return found[0] if found else None
+
+
+def _answers(url: str) -> bool:
+    try:
+        return rest.request(url, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def _learner_servers(room: Any) -> dict[str, int]:
+    """Each learner's single-user server process (not the dumb-init above it)."""
+    return {p.info["username"]: p.pid for p in psutil.process_iter(["username", "cmdline"])
+            if p.info["username"] in room.learners and p.name() != "dumb-init"
+            and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])}
+
+
+#: Per restart: serve's backoff (1, 2, 4, 8, 16 s for five kills within a minute) plus a start with two models.
+RESTART_DEADLINE_S = 60
+
+
+def test_killing_the_shared_triton_five_times_then_the_hub_never_ends_the_class(classroom: Any) -> None:
+    """#37: a learner who kills (or crashes) the shared Triton or the hub cannot end the class for the others.
+
+    Five SIGKILLs in a row to the shared tritonserver: each time it is ready again on the same port with
+    its models, and the hub and every learner's server are the same processes throughout. Then the hub
+    itself: the supervisor starts it again, and it routes to the learners' servers that kept running.
+    """
+    room = classroom
+    servers, hub = _learner_servers(room), json.loads((room.state_dir / "pids.json").read_text())["hub"]
+    assert len(servers) == len(room.learners), servers
+    models = room.settings()["models"]
+    for kill in range(1, 6):
+        pid = _shared_triton(room)
+        assert pid, "the shared tritonserver was not found"
+        os.kill(pid, signal.SIGKILL)
+        back = poll(lambda: _shared_triton(room) not in (None, pid) and all(
+            _answers(f"http://{room.triton_http}/v2/models/{m}/ready") for m in models), bool, RESTART_DEADLINE_S, 0.2)
+        assert back, f"kill {kill}: the shared Triton is not back with its models on {room.triton_http}"
+        assert room.proc.poll() is None and psutil.pid_exists(hub), f"kill {kill} ended the class"
+        assert _learner_servers(room) == servers, f"kill {kill} ended a learner's server"
+    room.remember()
+    os.kill(hub, signal.SIGKILL)
+    new_hub = poll(lambda: json.loads((room.state_dir / "pids.json").read_text())["hub"] != hub
+                   and _answers(f"{room.hub_url}/hub/api/"), bool, RESTART_DEADLINE_S, 0.2)
+    assert new_hub, f"the hub did not come back:\n{room.log.read_text()[-2000:]}"
+    assert _learner_servers(room) == servers, "a learner's server did not survive the hub's death"
+    for name in room.learners:  # Jupyter Server's /api answers without a login: the new proxy routes to it
+        assert poll(lambda: _answers(f"{room.hub_url}/user/{name}/api"), bool, 30, 0.5), f"no route to {name}"
+    assert "started again" in room.log.read_text()
 
 
 def test_stopping_the_class_leaves_nothing(classroom: Any) -> None:

@@ -20,21 +20,6 @@ BATCHER_P99_MS = 100.0
 BATCHER_SPEEDUP = 4.0
 
 
-@exercise(
-    "tune_the_batcher",
-    notebook="03_schedulers_and_dynamic_batching",
-    task=(
-        f"Write a config override for cost_model (a dict such as {{'dynamic_batching': {{...}}}}, or a function "
-        f"that edits the ModelConfig it gets) that, with {BATCHER_CONCURRENCY} requests in flight and ONE model "
-        f"instance, reaches at least {BATCHER_SPEEDUP:g}x the throughput of the same model without batching while "
-        f"keeping p99 latency at or under {BATCHER_P99_MS:g} ms. The checker starts from cost_model's config with "
-        "batching removed and one instance, applies your override, reloads the model on the real server, and "
-        "measures both configs with the same closed-loop load. Beware: a long max_queue_delay batches more but "
-        "makes every request wait. A miss is measured once more over a window twice as long, and that run "
-        "decides: a busy machine can push p99 up, a wrong config misses both times."
-    ),
-    models=("cost_model",),
-)
 @dataclass(frozen=True)
 class BatcherRun:
     """One measurement of both configs under the same closed-loop load, back to back."""
@@ -76,6 +61,21 @@ def _measure(server: RunningServer, model: str, unbatched: Any, tuned: Any, fact
     return BatcherRun(before, after.summary, after.server.avg_batch if after.server is not None else float("nan"))
 
 
+@exercise(
+    "tune_the_batcher",
+    notebook="03_schedulers_and_dynamic_batching",
+    task=(
+        f"Write a config override for cost_model (a dict such as {{'dynamic_batching': {{...}}}}, or a function "
+        f"that edits the ModelConfig it gets) that, with {BATCHER_CONCURRENCY} requests in flight and ONE model "
+        f"instance, reaches at least {BATCHER_SPEEDUP:g}x the throughput of the same model without batching while "
+        f"keeping p99 latency at or under {BATCHER_P99_MS:g} ms. The checker starts from cost_model's config with "
+        "batching removed and one instance, applies your override, reloads the model on the real server, and "
+        "measures both configs with the same closed-loop load. Beware: a long max_queue_delay batches more but "
+        "makes every request wait. A miss is measured once more over a window twice as long, and that run "
+        "decides: a busy machine can push p99 up, a wrong config misses both times."
+    ),
+    models=("cost_model",),
+)
 def _check_tune_the_batcher(answer: Any, server: RunningServer | None) -> str:
     """Relative throughput (machine speed cancels out), absolute p99 (the learner's bound).
 
