@@ -44,9 +44,13 @@ def server():
 
 @pytest.fixture
 def fresh(server):
-    """Each test leaves the model as committed: a load without a config reads the repository again."""
+    """Each test leaves the model as committed: loaded again with config.pbtxt's own config.
+
+    Not a load without a config: that keeps the last override while the files are unchanged
+    (``TritonServer.load_model``), so the panel test's unbatched config reached the next test.
+    """
     yield server
-    server.load_model(MODEL)
+    server.load_model(MODEL, read_config(MODEL_REPOSITORY / MODEL))
 
 
 # ------------------------------------------------------------------------------ no server needed

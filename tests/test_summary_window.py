@@ -18,6 +18,7 @@ from lab_backends.client.infer import infer
 from lab_backends.lessons import summary_window
 from lab_backends.measure import prometheus, stats
 from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll
 
 pytestmark = [pytest.mark.server, pytest.mark.upstream]
 
@@ -33,7 +34,10 @@ def test_summary_quantiles_flag_sets_the_quantiles_and_max_age_is_ignored(server
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     for _ in range(3):
         infer(server, "cost_model", {"INPUT0": x})
-    text = stats.scrape_metrics(server)
+    # Triton observes a request when it releases it, a moment after the client has the answer (a fresh
+    # clone beside a one-core hog scraped a count of 2 here): read again until all three show, bounded.
+    text = poll(lambda: stats.scrape_metrics(server),
+                lambda page: summary_window.summary_count(page, "cost_model") == 3, timeout_s=10)
     assert list(prometheus.summary_quantiles(text, "cost_model").index) == [0.5, 0.9], \
         "--metrics-config summary_quantiles=... no longer sets the quantiles"
     assert summary_window.summary_count(text, "cost_model") == 3
