@@ -33,24 +33,18 @@ lab: setup
 
 # Debian's Chromium for tests/browser (Playwright drives /usr/bin/chromium; never `playwright install`).
 # Never fails the build: when it cannot install, it says why and records the reason, and the browser
-# test skips with that reason. APT_GET / CHROMIUM_BIN are variables only to test this recipe.
-APT_GET        ?= apt-get
+# test skips with that reason (scripts/apt_install.sh; APT_GET is a variable only to test it).
 CHROMIUM_BIN   ?= /usr/bin/chromium
 BROWSER_ARTIFACTS := test-artifacts/browser
 browser-deps:
-	@mkdir -p $(BROWSER_ARTIFACTS); rm -f $(BROWSER_ARTIFACTS)/chromium-missing.txt
-	@reason() { echo "browser-deps: $$1" | tee $(BROWSER_ARTIFACTS)/chromium-missing.txt; }; \
-	if [ -x $(CHROMIUM_BIN) ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then SUDO=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	else reason "$(CHROMIUM_BIN) is missing, and installing chromium needs root or password-less sudo"; exit 0; fi; \
-	if ! command -v $(APT_GET) >/dev/null 2>&1; then reason "$(CHROMIUM_BIN) is missing and there is no apt-get (not Debian/Ubuntu)"; exit 0; fi; \
-	echo "browser-deps: installing Debian's chromium (about 40 s), log in $(BROWSER_ARTIFACTS)/apt-chromium.log"; \
-	log=$(BROWSER_ARTIFACTS)/apt-chromium.log; export DEBIAN_FRONTEND=noninteractive; \
-	$$SUDO $(APT_GET) install -y --no-install-recommends chromium >$$log 2>&1 \
-	|| { $$SUDO $(APT_GET) update >>$$log 2>&1 && $$SUDO $(APT_GET) install -y --no-install-recommends chromium >>$$log 2>&1; } \
-	|| { reason "apt-get could not install chromium (see $$log): $$(tail -n 3 $$log | tr '\n' ' ')"; exit 0; }; \
-	[ -x $(CHROMIUM_BIN) ] || reason "chromium was installed but $(CHROMIUM_BIN) is still missing"
+	@sh scripts/apt_install.sh chromium $(CHROMIUM_BIN) $(BROWSER_ARTIFACTS) browser-deps
+
+# The front door (`lab-backends serve --front-door`, lab_backends/server/front_door.py) is Debian's nginx,
+# installed the same way; its tests skip with the reason when it could not be.
+NGINX_BIN      ?= /usr/sbin/nginx
+DOOR_ARTIFACTS := test-artifacts/door
+door-deps:
+	@sh scripts/apt_install.sh nginx $(NGINX_BIN) $(DOOR_ARTIFACTS) door-deps
 
 # A class on one machine (README "For instructors"; lab_backends/classroom/): the hub's proxy, pinned,
 # installed with npm under build/class-proxy (nothing global). Idempotent.
@@ -63,7 +57,7 @@ class-deps:
 # Set-up, JupyterHub and the proxy, then the class in the foreground (root: it spawns each learner as
 # themselves). Ctrl-C, or `make class-stop` from another terminal, stops everything it started.
 CLASS_ARGS ?=
-class: setup class-deps
+class: setup door-deps class-deps
 	$(VENV)/bin/lab-backends class start $(CLASS_ARGS)
 
 class-stop:
@@ -77,7 +71,7 @@ class-stop:
 # per worker (`--dist loadfile`: a file's shared server stays in one process): 669 s -> 358 s measured here.
 # Their checks are built to survive a 2x slowdown (the other worker is a one-core hog to them), and the flake
 # hunt runs them with these same flags (scripts/flake_hunt.py SERVER_FLAGS, compared by tests/test_flake_hunt.py).
-test: setup browser-deps class-deps
+test: setup browser-deps door-deps class-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not server" -n 4 tests
 	$(PY) -m pytest -m server -n 2 --dist loadfile --durations=40 tests

@@ -20,6 +20,7 @@ matplotlib and every lesson (~0.5 s) that ``--help``, ``serve`` and ``setup`` ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -36,7 +37,7 @@ from lab_backends.lessons import handout
 from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import admin, bundle, cbackend, limits, native_backends
+from lab_backends.server import admin, bundle, cbackend, front_door, limits, native_backends
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
 from lab_backends.server.ports import free_ports
 from lab_backends.server.triton_server import TritonServer
@@ -57,16 +58,23 @@ def _serve(args: argparse.Namespace) -> int:
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
         target="local",
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
+        http_port=None if args.front_door else args.http_port,  # the door takes the ports asked for
+        grpc_port=None if args.front_door else args.grpc_port,
         metrics_port=args.metrics_port,
         startup_timeout_s=args.startup_timeout,
         **admin_options,
     )
-    with server:
+    with server, contextlib.ExitStack() as stack:
+        door = stack.enter_context(front_door.door_for(server, args.http_port, args.grpc_port, server.log_path.parent
+                                                       / "door")) if args.front_door else None
         print(f"Triton is ready (pid {server.pid})", flush=True)
-        print(f"  HTTP/REST : http://{server.http_url}", flush=True)
-        print(f"  gRPC      : {server.grpc_url}", flush=True)
+        print(f"  HTTP/REST : http://{door.settings.host}:{door.settings.http_port}" if door else
+              f"  HTTP/REST : http://{server.http_url}", flush=True)
+        print(f"  gRPC      : {door.settings.host}:{door.settings.grpc_port}" if door else
+              f"  gRPC      : {server.grpc_url}", flush=True)
+        if door:
+            print(f"  front door: nginx (pid {door.pid}), its log {door.settings.access_log}; tritonserver's own "
+                  f"ports {server.http_port} and {server.grpc_port} are not for clients", flush=True)
         print(f"  metrics   : {server.metrics_url}", flush=True)
         print(f"  log       : {server.log_path}", flush=True)
         loaded = ", ".join(args.model) if args.model else "every model of the repository"
@@ -250,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--open-admin-apis", action="store_true",
         help="no admin key at all: anyone who can reach the ports can load models (runs code); prints a warning"
     )
+    serve.add_argument("--front-door", action="store_true",
+                       help="put Debian's nginx before tritonserver (make door-deps): it takes --http-port and "
+                       "--grpc-port, refuses form-encoded bodies, bodies over the served models' largest request "
+                       "and names with '..', and checks the admin key itself; tritonserver gets ports of its own")
     serve.add_argument("--restricted-apis", metavar="A,B",
                        help="the APIs behind the key (default: all). A class keeps statistics open: "
                             "model-repository,trace,shared-memory,logging")

@@ -128,3 +128,7 @@ class ServerCrashed(ServerExitedError):
 
 class RequestTooLargeError(LabBackendsError, ValueError):
     """A request was refused before sending: its shape overflows or its size exceeds the stated bound."""
+
+
+class FrontDoorError(LabBackendsError):
+    """The front door (nginx before tritonserver) could not start: missing, refused its config or its ports."""

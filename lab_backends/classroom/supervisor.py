@@ -4,9 +4,11 @@ Why a supervisor of our own: ``make class`` must leave nothing behind after Ctrl
 ``make class-stop``, on a machine where other people run things too. So nothing is stopped by name:
 the supervisor starts two children, each in its own session, and remembers their PIDs:
 
-1. ``lab-backends serve --restart`` (the shared Triton: its own watchdog stops tritonserver and
-   its stubs and removes their ``/dev/shm`` regions), with a fresh admin key written to a root-only
-   file and the APIs of deploy/triton restricted;
+1. ``lab-backends serve --restart --front-door`` (the shared Triton: its own watchdog stops
+   tritonserver and its stubs and removes their ``/dev/shm`` regions), with a fresh admin key
+   written to a root-only file and the APIs of deploy/triton restricted. Learners reach it through
+   the door (nginx, ``server/front_door.py``), which holds the class's ports while a crashed
+   tritonserver is restarted behind it, so no learner can bind them meanwhile;
 2. ``jupyterhub`` (which starts configurable-http-proxy and, per learner, the namespaced servers).
 
 Stopping runs in the reverse order: the hub first (it stops every learner's server and the proxy
@@ -42,9 +44,10 @@ from lab_backends.classroom.settings import (
     hub_config,
     private_dir,
 )
-from lab_backends.errors import LabBackendsError
+from lab_backends.errors import FrontDoorError, LabBackendsError
 from lab_backends.server import limits
 from lab_backends.server.crash import backoff_delay, describe_exit
+from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR
 
@@ -89,6 +92,10 @@ def preflight(settings: ClassSettings) -> None:
                          "(pip install -e '.[class]')")
     if not DUMB_INIT.exists():
         raise ClassError(f"dumb-init is not installed at {DUMB_INIT}: run `make class` (pip install -e '.[class]')")
+    try:
+        nginx_binary()  # the shared Triton's front door
+    except FrontDoorError as exc:
+        raise ClassError(str(exc).replace("make door-deps", "make class")) from None
     for tool in ("unshare", "setpriv"):
         if shutil.which(tool) is None:
             raise ClassError(f"{tool} is missing (util-linux): install it; each learner's server runs under it")
@@ -137,8 +144,9 @@ def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s
     bin_dir = Path(sys.executable).parent
     http, grpc_port, metrics = settings.triton_ports
     settings.key_file.unlink(missing_ok=True)
-    serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--http-port", str(http), "--grpc-port",
-             str(grpc_port), "--metrics-port", str(metrics), "--admin-key-file", str(settings.key_file),
+    serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--front-door",
+             "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
+             "--admin-key-file", str(settings.key_file),
              "--restricted-apis", ",".join(CLASS_RESTRICTED), *[a for m in settings.models for a in ("--model", m)]]
     hub_cmd = [str(bin_dir / "jupyterhub"), "-f", str(settings.config_file)]
 

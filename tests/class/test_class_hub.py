@@ -25,6 +25,7 @@ from browser.test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, _ke
 
 from lab_backends import rest
 from lab_backends.server.endpoints import statistics_payload
+from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR, shm_regions
 from lab_backends.waiting import poll
 
@@ -184,19 +185,21 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
         assert count < 30, f"{name} sees {count} processes: not their own namespace"
     # The probe can fail: the same learner on the machine's own /proc (no hub session gives them this) reads the
     # key in the shared tritonserver's command line (Triton takes it only as a flag).
-    triton = [p.pid for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "tritonserver"
-              and f"--http-port={room.triton_http.rpartition(':')[2]}" in (p.info["cmdline"] or [])]
+    triton = _shared_triton(room)
     assert triton, "the shared tritonserver was not found"
     name = next(iter(room.learners))
     host = subprocess.run(["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--", "cat",
-                           f"/proc/{triton[0]}/cmdline"], capture_output=True, timeout=30)
+                           f"/proc/{triton}/cmdline"], capture_output=True, timeout=30)
     assert room.key.encode() in host.stdout, "control failed: the key is not on the host's tritonserver command line"
 
 
 def _shared_triton(room: Any) -> int | None:
-    port = f"--http-port={room.triton_http.rpartition(':')[2]}"
-    found = [p.pid for p in psutil.process_iter(["name", "cmdline"])
-             if p.info["name"] == "tritonserver" and port in (p.info["cmdline"] or [])]
+    """The tritonserver under the class's ``serve`` (behind the front door, on ports of its own)."""
+    serve = json.loads((room.state_dir / "pids.json").read_text())["triton"]
+    try:
+        found = [p.pid for p in psutil.Process(serve).children(recursive=True) if p.name() == "tritonserver"]
+    except psutil.NoSuchProcess:
+        return None
     return found[0] if found else None
 
 
@@ -233,6 +236,8 @@ def test_killing_the_shared_triton_five_times_then_the_hub_never_ends_the_class(
         pid = _shared_triton(room)
         assert pid, "the shared tritonserver was not found"
         os.kill(pid, signal.SIGKILL)
+        port = int(room.triton_http.rpartition(":")[2])
+        assert not port_is_free(port), f"kill {kill} freed the class's port {port}: the front door must hold it"
         back = poll(lambda: _shared_triton(room) not in (None, pid) and all(
             _answers(f"http://{room.triton_http}/v2/models/{m}/ready") for m in models), bool, RESTART_DEADLINE_S, 0.2)
         assert back, f"kill {kill}: the shared Triton is not back with its models on {room.triton_http}"

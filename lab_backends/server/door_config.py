@@ -1,0 +1,263 @@
+"""The front door's nginx configuration: what it refuses before a request reaches tritonserver.
+
+Rendered from a :class:`DoorSettings` into one ``nginx.conf`` (nginx has no API to say this in; the
+file is its interface). Each rule answers a measured fault of Triton 2.51 or a rule of its source at
+r24.10 (server ``src/http_server.cc``, ``src/grpc/grpc_server.cc``):
+
+- **form-encoded bodies of 1 MB or more -> 415.** A POST of about 4 MiB with ``Content-Type:
+  application/x-www-form-urlencoded`` kills tritonserver with SIGSEGV on any path (pinned by
+  ``tests/reliability/test_crashes.py``; 3 MiB was answered). Smaller ones pass: curl's ``--data``
+  sends this type by default, and Triton reads such a body as the JSON it is. A form-encoded body
+  of unknown length (chunked) is refused, as its size cannot be told before it is read.
+- **any body over a limit sized to the served models -> 413** (:func:`body_limit`); the gRPC
+  stream (``ModelStreamInfer``) has no limit, nginx counts a stream's messages as one body.
+- **the admin key at the door**: the restricted HTTP paths are those Triton's handlers check
+  (``http_server.cc`` L1137-L1146 and the dispatch at L4600-L4690), the gRPC methods those whose
+  ``CallData`` reads ``restricted_keys_`` (``grpc_server.cc`` L1135-L2236). Without the key (or with
+  a wrong one) HTTP answers 403, gRPC ``PERMISSION_DENIED``.
+- **names with ``..``, ``/`` (raw or percent-encoded) or over 255 characters -> 400** in the path of
+  any HTTP request (Triton joins a load's model name to the repository path as it is).
+
+What it does not refuse: a gRPC load's model name (it travels inside a protobuf message nginx does not
+read: the key is what guards it), and Triton's small crashers (200 kB of nested JSON): those need
+Triton's fix, ``serve --restart`` brings the server back meanwhile.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tritonclient.grpc import model_config_pb2
+
+from lab_backends.errors import FrontDoorError
+from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
+
+#: The HTTP paths of each restricted API, as nginx regexes on the decoded path (``$uri``): a
+#: percent-encoded ``/`` decodes to one, so ``.+`` still matches what Triton's ``[^/]+`` did raw.
+HTTP_RESTRICTED = {
+    "model-repository": r"^/v2/repository(/|$)",
+    "statistics": r"^/v2/models/(stats$|.+/stats$)",
+    "trace": r"^/v2/(trace/setting$|models/.+/trace/setting$)",
+    "shared-memory": r"^/v2/(system|cuda)sharedmemory(/|$)",
+    "logging": r"^/v2/logging$",
+}
+#: The gRPC methods of each restricted API (``inference.GRPCInferenceService``).
+GRPC_RESTRICTED = {
+    "model-repository": ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"),
+    "statistics": ("ModelStatistics",),
+    "trace": ("TraceSetting",),
+    "shared-memory": tuple(f"{kind}SharedMemory{op}" for kind in ("System", "Cuda")
+                           for op in ("Status", "Register", "Unregister")),
+    "logging": ("LogSettings",),
+}
+GRPC_SERVICE = "inference.GRPCInferenceService"
+#: A name in a path: one folder, at most 255 bytes (a file name's limit on Linux).
+MAX_NAME = 255
+#: Bytes per tensor element in a JSON request at worst (a float written out with its separator).
+JSON_BYTES_PER_ELEMENT = 24
+#: Elements assumed for a variable dimension (-1) when sizing the body limit.
+VARIABLE_DIM = 4096
+#: The body limit never goes below this (metadata, shared-memory registrations, small models).
+MIN_BODY = 1 << 20
+_DTYPE_BYTES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2,
+                "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8, "STRING": 256}
+
+
+@dataclass(frozen=True)
+class DoorSettings:
+    """Where the door listens, where tritonserver listens behind it, and what it lets through."""
+
+    http_port: int
+    grpc_port: int
+    triton_http_port: int
+    triton_grpc_port: int
+    workdir: Path  # nginx's prefix: its config (0600, it holds the key), logs, pid and temp files
+    body_limit: int = MIN_BODY
+    restricted_apis: Sequence[str] = RESTRICTED_APIS
+    admin_key: str | None = field(default=None, repr=False)  # None: the admin APIs are open at the door too
+    host: str = "127.0.0.1"
+    #: Set when nginx's master runs as root: its workers run as this user and group.
+    worker_user: str | None = None
+    worker_group: str = "nogroup"
+
+    @property
+    def access_log(self) -> Path:
+        return self.workdir / "access.log"
+
+    @property
+    def error_log(self) -> Path:
+        return self.workdir / "error.log"
+
+
+def body_limit(configs: Iterable[object]) -> int:
+    """The largest JSON request any served model can take at its max batch, and at least 1 MiB.
+
+    ``configs`` are ``ModelConfig`` protobufs. A JSON body is the biggest encoding of a tensor
+    (:data:`JSON_BYTES_PER_ELEMENT` a number), so binary and shared-memory requests fit too.
+    """
+    largest = 0
+    for config in configs:
+        batch = max(1, getattr(config, "max_batch_size", 0))
+        size = 0
+        for tensor in config.input:
+            elements = batch
+            for dim in tensor.dims:
+                elements *= VARIABLE_DIM if dim < 0 else max(1, dim)
+            dtype = re.sub(r"^TYPE_", "", _dtype_name(tensor.data_type))
+            size += elements * max(JSON_BYTES_PER_ELEMENT, _DTYPE_BYTES.get(dtype, 8))
+        largest = max(largest, size)
+    return max(MIN_BODY, largest)
+
+
+def _dtype_name(value: int) -> str:
+    return model_config_pb2.DataType.Name(value)  # the config protobuf's enum names the type
+
+
+def render(settings: DoorSettings) -> str:
+    """The whole ``nginx.conf`` for ``settings``."""
+    return "\n".join([
+        *_main(settings),
+        "http {",
+        *_indent(_http_common(settings)),
+        *_indent(_http_server(settings)),
+        *_indent(_grpc_server(settings)),
+        "}",
+        "",
+    ])
+
+
+def _main(s: DoorSettings) -> list[str]:
+    return [
+        "# Written by lab-backends serve --front-door (lab_backends/server/door_config.py); do not edit.",
+        "daemon off;  # a child of serve, stopped by its PID",
+        "worker_processes 1;",
+        *([f"user {s.worker_user} {s.worker_group};"] if s.worker_user else []),
+        f"pid {s.workdir / 'nginx.pid'};",
+        f"error_log {s.error_log} warn;",
+        "events { worker_connections 4096; }",
+    ]
+
+
+def _http_common(s: DoorSettings) -> list[str]:
+    restricted = sorted(set(s.restricted_apis))
+    lines = [
+        f"client_body_temp_path {s.workdir / 'body'};",
+        *[f"{kind}_temp_path {s.workdir / kind};" for kind in ("proxy", "fastcgi", "uwsgi", "scgi")],
+        "log_format door '$time_iso8601 $remote_addr:$remote_port \"$request\" $status '",
+        "                '$request_length>$bytes_sent ${request_time}s upstream=$upstream_status';",
+        f"access_log {s.access_log} door;",
+        f"client_max_body_size {s.body_limit};",
+        "client_body_buffer_size 1m;",
+        # Bad input: the form encoding that crashes Triton 2.51, whatever the path.
+        "map $http_content_type $door_form_type {",
+        "    default 0;",
+        "    ~*^application/x-www-form-urlencoded 1;",
+        "}",
+        # Form-encoded and 1 MB or more (7 digits), or of unknown length (chunked). Small ones pass:
+        # curl -d sends JSON with this type, and Triton reads it as JSON (3 MiB was answered).
+        'map "$door_form_type:$content_length" $door_form {',
+        "    default 0;",
+        r'    "~^1:([0-9]{7,})?$" 1;',
+        "}",
+        # Names: '..' or '/' inside a name, raw or percent-encoded, or a name over 255 characters.
+        "map $request_uri $door_bad_name {",
+        "    default 0;",
+        r'    "~*(\.|%2e)(\.|%2e)" 1;',
+        r'    "~*%2f" 1;',
+        f'    "~^/v2/(repository/)?models/[^/?]{{{MAX_NAME + 1},}}" 1;',
+        "}",
+        "map $uri $door_http_restricted {",
+        "    default 0;",
+        *[f'    "~{HTTP_RESTRICTED[api]}" 1;' for api in restricted],
+        "}",
+        "map $request_uri $door_grpc_restricted {",
+        "    default 0;",
+        *[f'    "~^/{re.escape(GRPC_SERVICE)}/{method}$" 1;' for api in restricted for method in GRPC_RESTRICTED[api]],
+        "}",
+    ]
+    http_var = "$http_" + ADMIN_HEADER.replace("-", "_")
+    grpc_var = "$http_" + (GRPC_HEADER_PREFIX + ADMIN_HEADER).replace("-", "_")
+    for name, var in (("http", http_var), ("grpc", grpc_var)):
+        # No key (--open-admin-apis): every request passes, as at Triton's own ports.
+        lines += [f"map {var} $door_{name}_key_ok {{", f"    default {0 if s.admin_key is not None else 1};"]
+        lines += [f'    "{_quoted(s.admin_key)}" 1;'] if s.admin_key is not None else []
+        lines += ["}", f'map "$door_{name}_restricted:$door_{name}_key_ok" $door_{name}_refused {{',
+                  "    default 0;", '    "1:0" 1;', "}"]
+    return lines
+
+
+def _http_server(s: DoorSettings) -> list[str]:
+    def refuse(condition: str, status: int, error: str) -> str:
+        # JSON as Triton answers errors ({"error": ...}): tritonclient shows the message as it does Triton's.
+        return f"""    if ({condition}) {{ return {status} '{{"error":"{error}"}}'; }}"""
+
+    return [
+        "server {",
+        f"    listen {s.host}:{s.http_port};",
+        "    default_type application/json;  # what the refusals below answer as",
+        "    error_page 502 504 =503 @triton_down;",
+        "    error_page 413 @too_large;",
+        # In the server's rewrite phase, before a location is chosen and its body limit applied: a
+        # form-encoded body is named as such even when it is also too large.
+        refuse("$door_form", 415, "the front door refuses form-encoded bodies of 1 MB or more (Triton 2.51 crashes "
+               "on them; curl -d sends this type): send Content-Type: application/json"),
+        refuse("$door_bad_name", 400, f"the front door refuses names with .. or / or over {MAX_NAME} characters: "
+               "a model name is one folder of the repository"),
+        refuse("$door_http_refused", 403, "the front door refuses this admin API without the admin key: send it "
+               f"as header {ADMIN_HEADER} (or run the client under lab-backends with-key)"),
+        "    location / {",
+        f"        proxy_pass http://{s.host}:{s.triton_http_port};",
+        "        proxy_http_version 1.1;",
+        '        proxy_set_header Connection "";',
+        "        proxy_request_buffering off;",
+        "        proxy_buffering off;  # generate_stream answers as it goes",
+        "        proxy_read_timeout 3600s;",
+        "    }",
+        "    location @too_large {",
+        f"""        return 413 '{{"error":"the front door refuses bodies over {s.body_limit} bytes (the largest """
+        """request a served model can take, as JSON at its max batch): send a smaller batch"}';""",
+        "    }",
+        "    location @triton_down {",
+        """        return 503 '{"error":"tritonserver is not answering behind the front door (restarting after a """
+        """crash?): try again in a few seconds"}';""",
+        "    }",
+        "}",
+    ]
+
+
+def _grpc_server(s: DoorSettings) -> list[str]:
+    refuse = ("        if ($door_grpc_refused) { add_header grpc-status 7 always; add_header grpc-message "
+              f'"the front door refuses this admin method without the admin key: send it as metadata '
+              f"{GRPC_HEADER_PREFIX}{ADMIN_HEADER} (or run the client under lab-backends with-key)\" always; "
+              "return 200; }")
+    proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", "        grpc_read_timeout 3600s;",
+             "        grpc_send_timeout 3600s;"]
+    return [
+        "server {",
+        f"    listen {s.host}:{s.grpc_port} http2;",
+        f"    location = /{GRPC_SERVICE}/ModelStreamInfer {{",
+        "        client_max_body_size 0;  # a stream's messages add up to one body: no limit",
+        *proxy,
+        "    }",
+        "    location / {",
+        "        default_type application/grpc;  # what the refusal below answers as",
+        refuse,
+        *proxy,
+        "    }",
+        "}",
+    ]
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["    " + line if line else line for line in lines]
+
+
+def _quoted(key: str) -> str:
+    """The key inside a double-quoted nginx string (serve's keys are URL-safe: nothing to escape)."""
+    if not re.fullmatch(r"[A-Za-z0-9_\-.~]+", key):
+        raise FrontDoorError("the front door cannot hold this admin key: use URL-safe characters only "
+                             "(A-Z a-z 0-9 _ - . ~), e.g. unset TRITON_ADMIN_KEY for a random one")
+    return key

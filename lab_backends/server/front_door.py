@@ -1,0 +1,158 @@
+"""The front door: Debian's nginx before a shared tritonserver, started and stopped by PID.
+
+Why nginx and not a proxy of our own: it is maintained, packaged by Debian (``make door-deps``),
+speaks HTTP/2 to gRPC clients and servers (``grpc_pass``), limits bodies before reading them, and
+logs every request. What it refuses is in :mod:`lab_backends.server.door_config`.
+
+The door holds the ports clients were told (``serve --http-port/--grpc-port``); tritonserver gets
+free ports of its own behind it. So while ``serve --restart`` brings a crashed tritonserver back the
+public ports stay held, by the door, and nobody else can bind them (a learner bound a freed port
+0.09 s after a crash and answered for the server): clients get 502 meanwhile.
+
+The key never goes on nginx's command line or into its environment: it is in the config file, in a
+folder only this user can read (0700; nginx reads the file before it drops to ``worker_user``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lab_backends.errors import FrontDoorError, PortInUseError
+from lab_backends.server.door_config import DoorSettings, body_limit, render
+from lab_backends.server.ports import free_ports, port_is_free
+from lab_backends.server.processes import terminate
+from lab_backends.server.repository import config_problem, model_dirs, read_config
+from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll
+
+NGINX = "/usr/sbin/nginx"
+START_DEADLINE_S = 10.0
+
+
+def nginx_binary() -> str:
+    """Debian's nginx, or a clear error that says how to install it."""
+    found = shutil.which("nginx") or (NGINX if os.access(NGINX, os.X_OK) else None)
+    if found is None:
+        raise FrontDoorError("the front door needs Debian's nginx: run `make door-deps` (as root or with "
+                             "password-less sudo), or `apt-get install nginx`")
+    return found
+
+
+def door_for(server: TritonServer, http_port: int | None, grpc_port: int | None, workdir: Path) -> "FrontDoor":
+    """The door before a running local ``server``: on the ports asked for (free ones when ``None``).
+
+    Its body limit is sized to every model of the server's repositories (any of them can be loaded
+    later); its key is the server's, unless the server's admin APIs are open. A root ``serve`` hands
+    nginx's workers to ``nobody``.
+    """
+    options = server.options
+    configs = [read_config(d) for d in model_dirs(options.model_repositories).values() if config_problem(d) is None]
+    free = iter(free_ports(2))
+    return FrontDoor(DoorSettings(
+        http_port=http_port or next(free), grpc_port=grpc_port or next(free),
+        triton_http_port=server.http_port, triton_grpc_port=server.grpc_port, workdir=workdir,
+        body_limit=body_limit(configs), restricted_apis=tuple(options.restricted_apis),
+        admin_key=options.admin_key if options.restricted_apis else None,
+        worker_user="nobody" if os.geteuid() == 0 else None,
+    ))
+
+
+class FrontDoor:
+    """nginx with :func:`door_config.render`'s config, in the foreground, in a session of its own.
+
+    ``with FrontDoor(settings) as door:`` starts it (config checked first, then both ports
+    listening, within :data:`START_DEADLINE_S`) and stops it by PID on the way out.
+    """
+
+    def __init__(self, settings: DoorSettings) -> None:
+        self.settings = settings
+        self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def config_path(self) -> Path:
+        return self.settings.workdir / "nginx.conf"
+
+    def __enter__(self) -> "FrontDoor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        s = self.settings
+        for port in (s.http_port, s.grpc_port):
+            if not port_is_free(port, s.host):
+                raise PortInUseError(f"the front door cannot listen on {s.host}:{port}: it is in use; choose "
+                                     "another --http-port/--grpc-port or stop what holds it")
+        self._write_config()
+        nginx = nginx_binary()
+        command = [nginx, "-p", str(s.workdir), "-c", str(self.config_path), "-e", str(s.error_log)]
+        check = subprocess.run([*command, "-t", "-q"], capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise FrontDoorError(f"nginx refused the front door's config ({self.config_path}): "
+                                 f"{(check.stderr or check.stdout).strip()[-500:]}")
+        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True, env=_plain_env())
+        # The tritonserver's own guardian: if we die unstopped (SIGKILL), nginx must not hold the ports.
+        self._watchdog = subprocess.Popen([sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()),
+                                           str(self.proc.pid), "5"], start_new_session=True)
+        listening = poll(lambda: self.proc.poll() is not None or self._listening(), bool, START_DEADLINE_S, 0.05)
+        if self.proc.poll() is not None or not listening:
+            self.stop()
+            raise FrontDoorError(f"nginx did not start listening within {START_DEADLINE_S:g} s: "
+                                 f"{self.error_tail() or 'no error logged'}")
+
+    def stop(self) -> None:
+        """SIGTERM (nginx's fast shutdown), then SIGKILL; nginx's workers leave with their master."""
+        if self.proc is not None:
+            terminate(self.proc, grace_s=5.0)
+        if self._watchdog is not None:
+            terminate(self._watchdog, grace_s=5.0)
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def error_tail(self, lines: int = 3) -> str:
+        path = self.settings.error_log
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def access_lines(self) -> list[str]:
+        path = self.settings.access_log
+        return path.read_text(errors="replace").splitlines() if path.exists() else []
+
+    def _listening(self) -> bool:
+        s = self.settings
+        return not port_is_free(s.http_port, s.host) and not port_is_free(s.grpc_port, s.host)
+
+    def _write_config(self) -> None:
+        """The config holds the key: created 0600 in a folder others cannot list (0700; 0711 when root's
+        nginx hands its workers to ``worker_user``, who must reach their temp folders in it)."""
+        s = self.settings
+        mode = 0o711 if s.worker_user else 0o700
+        s.workdir.mkdir(mode=mode, parents=True, exist_ok=True)
+        os.chmod(s.workdir, mode)
+        for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (s.workdir / temp).mkdir(mode=0o700, exist_ok=True)
+            if s.worker_user:  # the workers write large request bodies here
+                shutil.chown(s.workdir / temp, user=s.worker_user, group=s.worker_group)
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(render(self.settings))
+
+
+def _plain_env() -> dict[str, str]:
+    """nginx's environment: nothing of ours (no key can be in it even if a caller's had one)."""
+    return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C"}
+

@@ -1,0 +1,76 @@
+"""The front door's nginx config, without a server: nginx itself accepts every variant we render."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from lab_backends.errors import FrontDoorError
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.door_config import (
+    GRPC_RESTRICTED,
+    HTTP_RESTRICTED,
+    JSON_BYTES_PER_ELEMENT,
+    MIN_BODY,
+    VARIABLE_DIM,
+    DoorSettings,
+    body_limit,
+    render,
+)
+from lab_backends.server.front_door import nginx_binary
+from lab_backends.server.options import RESTRICTED_APIS
+from lab_backends.server.repository import read_config
+
+
+def _settings(tmp_path, **changes) -> DoorSettings:
+    return DoorSettings(**{"http_port": 18000, "grpc_port": 18001, "triton_http_port": 18002,
+                           "triton_grpc_port": 18003, "workdir": tmp_path, "admin_key": "k3y-_.~K3Y",
+                           **changes})
+
+
+def test_every_restricted_api_has_its_http_paths_and_grpc_methods():
+    assert set(HTTP_RESTRICTED) == set(GRPC_RESTRICTED) == set(RESTRICTED_APIS)
+
+
+def test_the_body_limit_is_the_largest_json_request_at_max_batch():
+    big = model_config_pb2.ModelConfig(name="big", max_batch_size=8)
+    big.input.add(name="A", data_type=model_config_pb2.TYPE_FP32, dims=[-1, 100])
+    big.input.add(name="B", data_type=model_config_pb2.TYPE_INT64, dims=[3])
+    assert body_limit([big]) == 8 * (VARIABLE_DIM * 100 + 3) * JSON_BYTES_PER_ELEMENT
+    small = read_config(MODEL_REPOSITORY / "cost_model")
+    assert body_limit([small]) == MIN_BODY  # 64 x 16 floats fit in 1 MiB
+    assert body_limit([small, big]) == body_limit([big])
+
+
+@pytest.mark.parametrize("variant", ["keyed", "open", "class", "root"])
+def test_nginx_accepts_the_rendered_config(tmp_path, variant):
+    """``nginx -t`` on each variant: the key, open admin APIs, the class's subset, a root master."""
+    try:
+        nginx = nginx_binary()
+    except FrontDoorError as exc:
+        pytest.skip(str(exc))
+    if variant == "root" and os.geteuid() != 0:
+        pytest.skip("a `user` directive is checked only by a root nginx")
+    changes = {"open": {"admin_key": None}, "class": {"restricted_apis": ("model-repository", "trace")},
+               "root": {"worker_user": "nobody"}}.get(variant, {})
+    settings = _settings(tmp_path, **changes)
+    for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (tmp_path / temp).mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(render(settings))
+    check = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(settings.error_log)],
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    text = conf.read_text()
+    if variant == "class":
+        assert "ModelStatistics" not in text and "RepositoryModelLoad" in text  # statistics stay open
+    if variant == "open":
+        assert "k3y" not in text and "default 1;" in text
+
+
+def test_a_key_nginx_cannot_quote_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(FrontDoorError, match="URL-safe characters only"):
+        render(_settings(tmp_path, admin_key='a"; return 200; #'))
