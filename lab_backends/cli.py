@@ -37,7 +37,7 @@ from lab_backends.lessons import handout
 from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import admin, bundle, cbackend, front_door, limits, native_backends
+from lab_backends.server import admin, bundle, cbackend, front_door, limits, native_backends, netns
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
 from lab_backends.server.ports import free_ports
 from lab_backends.server.triton_server import TritonServer
@@ -54,28 +54,30 @@ def _raise_stop(signum: int, frame: object) -> None:
 def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
+    # The door's ports first, then (root) a network namespace of its own for tritonserver, before any thread.
+    ports = netns.public_ports(args.http_port, args.grpc_port, args.metrics_port) if args.front_door else None
+    fixed = (None, None, None) if ports else (args.http_port, args.grpc_port, args.metrics_port)
     server = TritonServer(
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
         target="local",
-        http_port=None if args.front_door else args.http_port,  # the door takes the ports asked for
-        grpc_port=None if args.front_door else args.grpc_port,
-        metrics_port=args.metrics_port,
+        http_port=fixed[0],
+        grpc_port=fixed[1],
+        metrics_port=fixed[2],
         startup_timeout_s=args.startup_timeout,
-        **admin_options,
+        # Only the door reaches an isolated tritonserver: the key is the door's, none on Triton's command line.
+        **({**admin_options, "restricted_apis": ()} if ports and ports.isolated else admin_options),
     )
     with server, contextlib.ExitStack() as stack:
-        door = stack.enter_context(front_door.door_for(server, args.http_port, args.grpc_port, server.log_path.parent
-                                                       / "door")) if args.front_door else None
+        door = stack.enter_context(front_door.door_for(
+            server, ports, front_door.DoorAccess.from_serve_options(admin_options), server.log_path.parent / "door",
+        )) if ports else None
         print(f"Triton is ready (pid {server.pid})", flush=True)
-        print(f"  HTTP/REST : http://{door.settings.host}:{door.settings.http_port}" if door else
-              f"  HTTP/REST : http://{server.http_url}", flush=True)
-        print(f"  gRPC      : {door.settings.host}:{door.settings.grpc_port}" if door else
-              f"  gRPC      : {server.grpc_url}", flush=True)
-        if door:
-            print(f"  front door: nginx (pid {door.pid}), its log {door.settings.access_log}; tritonserver's own "
-                  f"ports {server.http_port} and {server.grpc_port} are not for clients", flush=True)
-        print(f"  metrics   : {server.metrics_url}", flush=True)
+        for line in front_door.banner(door, server) if door else [
+            f"  HTTP/REST : http://{server.http_url}", f"  gRPC      : {server.grpc_url}",
+            f"  metrics   : {server.metrics_url}",
+        ]:
+            print(line, flush=True)
         print(f"  log       : {server.log_path}", flush=True)
         loaded = ", ".join(args.model) if args.model else "every model of the repository"
         print(f"  models    : {loaded} (explicit model control; `lab-backends serve --help` says how to load others)",

@@ -26,8 +26,9 @@ from lab_backends.server.repository import read_config
 
 
 def _settings(tmp_path, **changes) -> DoorSettings:
-    return DoorSettings(**{"http_port": 18000, "grpc_port": 18001, "triton_http_port": 18002,
-                           "triton_grpc_port": 18003, "workdir": tmp_path, "admin_key": "k3y-_.~K3Y",
+    return DoorSettings(**{"http_port": 18000, "grpc_port": 18001, "metrics_port": 18004, "triton_http_port": 18002,
+                           "triton_grpc_port": 18003, "triton_metrics_port": 18005, "workdir": tmp_path,
+                           "admin_key": "k3y-_.~K3Y",
                            **changes})
 
 

@@ -72,8 +72,10 @@ class DoorSettings:
 
     http_port: int
     grpc_port: int
+    metrics_port: int
     triton_http_port: int
     triton_grpc_port: int
+    triton_metrics_port: int
     workdir: Path  # nginx's prefix: its config (0600, it holds the key), logs, pid and temp files
     body_limit: int = MIN_BODY
     restricted_apis: Sequence[str] = RESTRICTED_APIS
@@ -124,6 +126,7 @@ def render(settings: DoorSettings) -> str:
         *_indent(_http_common(settings)),
         *_indent(_http_server(settings)),
         *_indent(_grpc_server(settings)),
+        *_indent(_metrics_server(settings)),
         "}",
         "",
     ])
@@ -246,6 +249,19 @@ def _grpc_server(s: DoorSettings) -> list[str]:
         "        default_type application/grpc;  # what the refusal below answers as",
         refuse,
         *proxy,
+        "    }",
+        "}",
+    ]
+
+
+def _metrics_server(s: DoorSettings) -> list[str]:
+    """The metrics page, read-only: tritonserver's own port may be unreachable (netns.py)."""
+    return [
+        "server {",
+        f"    listen {s.host}:{s.metrics_port};",
+        "    location / {",
+        "        limit_except GET { deny all; }",
+        f"        proxy_pass http://{s.host}:{s.triton_metrics_port};",
         "    }",
         "}",
     ]

@@ -4,10 +4,12 @@ Why nginx and not a proxy of our own: it is maintained, packaged by Debian (``ma
 speaks HTTP/2 to gRPC clients and servers (``grpc_pass``), limits bodies before reading them, and
 logs every request. What it refuses is in :mod:`lab_backends.server.door_config`.
 
-The door holds the ports clients were told (``serve --http-port/--grpc-port``); tritonserver gets
-free ports of its own behind it. So while ``serve --restart`` brings a crashed tritonserver back the
-public ports stay held, by the door, and nobody else can bind them (a learner bound a freed port
-0.09 s after a crash and answered for the server): clients get 502 meanwhile.
+The door holds the ports clients were told (``serve --http-port/--grpc-port/--metrics-port``),
+bound by ``serve`` before anything starts (:mod:`lab_backends.server.netns`, which also puts
+tritonserver, as root, where only the door reaches it); tritonserver gets ports of its own behind
+it. So while ``serve --restart`` brings a crashed tritonserver back the public ports stay held and
+nobody else can bind them (a learner bound a freed port 0.09 s after a crash and answered for the
+server): clients get a 503 that says the server is restarting.
 
 The key never goes on nginx's command line or into its environment: it is in the config file, in a
 folder only this user can read (0700; nginx reads the file before it drops to ``worker_user``).
@@ -19,11 +21,13 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_backends.errors import FrontDoorError, PortInUseError
+from lab_backends.errors import FrontDoorError
 from lab_backends.server.door_config import DoorSettings, body_limit, render
-from lab_backends.server.ports import free_ports, port_is_free
+from lab_backends.server.netns import PublicPorts
+from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
 from lab_backends.server.repository import config_problem, model_dirs, read_config
 from lab_backends.server.triton_server import TritonServer
@@ -42,23 +46,50 @@ def nginx_binary() -> str:
     return found
 
 
-def door_for(server: TritonServer, http_port: int | None, grpc_port: int | None, workdir: Path) -> "FrontDoor":
-    """The door before a running local ``server``: on the ports asked for (free ones when ``None``).
+def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path) -> "FrontDoor":
+    """The door before a running local ``server``, on the sockets ``ports`` holds.
 
     Its body limit is sized to every model of the server's repositories (any of them can be loaded
-    later); its key is the server's, unless the server's admin APIs are open. A root ``serve`` hands
-    nginx's workers to ``nobody``.
+    later); ``access`` says which APIs need which key at the door (tritonserver itself may hold none:
+    :mod:`lab_backends.server.netns`). A root ``serve`` hands nginx's workers to ``nobody``.
     """
-    options = server.options
-    configs = [read_config(d) for d in model_dirs(options.model_repositories).values() if config_problem(d) is None]
-    free = iter(free_ports(2))
+    configs = [read_config(d) for d in model_dirs(server.options.model_repositories).values()
+               if config_problem(d) is None]
     return FrontDoor(DoorSettings(
-        http_port=http_port or next(free), grpc_port=grpc_port or next(free),
-        triton_http_port=server.http_port, triton_grpc_port=server.grpc_port, workdir=workdir,
-        body_limit=body_limit(configs), restricted_apis=tuple(options.restricted_apis),
-        admin_key=options.admin_key if options.restricted_apis else None,
+        http_port=ports.port("http"), grpc_port=ports.port("grpc"), metrics_port=ports.port("metrics"),
+        triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
+        triton_metrics_port=server.metrics_port, workdir=workdir, body_limit=body_limit(configs),
+        restricted_apis=access.restricted_apis, admin_key=access.admin_key,
         worker_user="nobody" if os.geteuid() == 0 else None,
-    ))
+    ), ports)
+
+
+def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
+    """``serve``'s lines for the door: where clients go, and where tritonserver is (not for them)."""
+    s = door.settings
+    where = ("in a network namespace of its own: only the door reaches them" if door.ports.isolated else
+             "on this machine's loopback, where local users can reach them: run serve as root to isolate them")
+    return [
+        f"  HTTP/REST : http://{s.host}:{s.http_port}",
+        f"  gRPC      : {s.host}:{s.grpc_port}",
+        f"  metrics   : http://{s.host}:{s.metrics_port}/metrics",
+        f"  front door: nginx (pid {door.pid}), its log {s.access_log}; tritonserver's own ports {server.http_port} "
+        f"and {server.grpc_port} are not for clients ({where})",
+    ]
+
+
+@dataclass(frozen=True)
+class DoorAccess:
+    """What the door asks for: the admin key (``None``: open) and the APIs behind it."""
+
+    admin_key: str | None = field(default=None, repr=False)
+    restricted_apis: tuple[str, ...] = RESTRICTED_APIS
+
+    @classmethod
+    def from_serve_options(cls, options: dict) -> "DoorAccess":
+        """From :func:`admin.serve_options`'s keyword arguments (``restricted_apis=()``: open)."""
+        apis = tuple(options.get("restricted_apis", RESTRICTED_APIS))
+        return cls(options.get("admin_key") if apis else None, apis)
 
 
 class FrontDoor:
@@ -68,8 +99,9 @@ class FrontDoor:
     listening, within :data:`START_DEADLINE_S`) and stops it by PID on the way out.
     """
 
-    def __init__(self, settings: DoorSettings) -> None:
+    def __init__(self, settings: DoorSettings, ports: PublicPorts) -> None:
         self.settings = settings
+        self.ports = ports  # bound already: nginx inherits them (netns.py)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
 
@@ -90,10 +122,6 @@ class FrontDoor:
 
     def start(self) -> None:
         s = self.settings
-        for port in (s.http_port, s.grpc_port):
-            if not port_is_free(port, s.host):
-                raise PortInUseError(f"the front door cannot listen on {s.host}:{port}: it is in use; choose "
-                                     "another --http-port/--grpc-port or stop what holds it")
         self._write_config()
         nginx = nginx_binary()
         command = [nginx, "-p", str(s.workdir), "-c", str(self.config_path), "-e", str(s.error_log)]
@@ -101,15 +129,19 @@ class FrontDoor:
         if check.returncode != 0:
             raise FrontDoorError(f"nginx refused the front door's config ({self.config_path}): "
                                  f"{(check.stderr or check.stdout).strip()[-500:]}")
+        fds = [sock.fileno() for sock in self.ports.sockets]
         self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True, env=_plain_env())
+                                     stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=fds,
+                                     env={**_plain_env(), "NGINX": "".join(f"{fd};" for fd in fds)})
         # The tritonserver's own guardian: if we die unstopped (SIGKILL), nginx must not hold the ports.
         self._watchdog = subprocess.Popen([sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()),
                                            str(self.proc.pid), "5"], start_new_session=True)
-        listening = poll(lambda: self.proc.poll() is not None or self._listening(), bool, START_DEADLINE_S, 0.05)
-        if self.proc.poll() is not None or not listening:
+        # The sockets listen already (connections wait in their backlog): nginx is up once it has
+        # written its PID file, which it does after taking them over.
+        started = poll(lambda: self.proc.poll() is not None or self._pid_file.exists(), bool, START_DEADLINE_S, 0.05)
+        if self.proc.poll() is not None or not started:
             self.stop()
-            raise FrontDoorError(f"nginx did not start listening within {START_DEADLINE_S:g} s: "
+            raise FrontDoorError(f"nginx did not start within {START_DEADLINE_S:g} s: "
                                  f"{self.error_tail() or 'no error logged'}")
 
     def stop(self) -> None:
@@ -131,9 +163,9 @@ class FrontDoor:
         path = self.settings.access_log
         return path.read_text(errors="replace").splitlines() if path.exists() else []
 
-    def _listening(self) -> bool:
-        s = self.settings
-        return not port_is_free(s.http_port, s.host) and not port_is_free(s.grpc_port, s.host)
+    @property
+    def _pid_file(self) -> Path:
+        return self.settings.workdir / "nginx.pid"
 
     def _write_config(self) -> None:
         """The config holds the key: created 0600 in a folder others cannot list (0700; 0711 when root's

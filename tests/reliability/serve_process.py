@@ -28,6 +28,7 @@ class Serve:
         assert "Ctrl-C stops" in text, f"serve did not start:\n{text}\n{self.err.read_text()}"
         self.http = re.search(r"HTTP/REST : http://(\S+)", text).group(1)
         self.grpc = re.search(r"gRPC +: (\S+)", text).group(1)
+        self.metrics = re.search(r"metrics +: http://([^/\s]+)", text).group(1)
         self.pid = int(re.search(r"ready \(pid (\d+)\)", text).group(1))
         self.text = text
 

@@ -9,8 +9,10 @@ cannot pass on a refusal that came from Triton.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from lab_backends import rest
 from lab_backends.errors import FrontDoorError
 from lab_backends.server.front_door import nginx_binary
+from lab_backends.server.netns import network_namespace
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import alive, group_members
 from lab_backends.waiting import poll
@@ -157,6 +160,25 @@ def test_the_key_is_on_no_command_line_or_environment_of_the_door(door):
     conf = door.access_log.parent / "nginx.conf"
     assert conf.stat().st_mode & 0o077 == 0  # the key's file: its owner's alone
     assert conf.parent.stat().st_mode & 0o066 == 0  # nobody else lists or writes the folder (0711 as root)
+
+
+def test_tritonserver_lives_where_only_the_door_reaches_it_and_holds_no_key(door):
+    """As root, serve moves tritonserver into a network namespace of its own (netns.py): nobody on this
+    machine's loopback can connect to its ports, so it needs no key, and none is on any command line."""
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of its own needs root: without it tritonserver keeps its key")
+    assert network_namespace(door.serve.pid) != network_namespace(), "tritonserver shares this machine's loopback"
+    assert network_namespace(door.nginx_pid) == network_namespace(door.serve.pid)  # the door connects inside
+    for port in door.triton_ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    everyone = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]]
+    assert not [p.pid for p in everyone if door.key in " ".join(p.info["cmdline"])], "the key is on a command line"
+    triton = psutil.Process(door.serve.pid)
+    assert not any(door.key in value for value in triton.environ().values())
+    assert rest.request(f"{door.url}/v2/health/ready")[0] == 200  # and the door does reach it
+    status, page = rest.request(f"http://{door.serve.metrics}/metrics")
+    assert status == 200 and b"nv_inference_request_success" in page  # the metrics page, through the door
 
 
 def test_upstream_tritonclient_flows_pass_the_door_with_the_key(door):
