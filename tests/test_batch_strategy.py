@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from lab_backends.errors import BackendBuildError, MeasuredClaimError
 from lab_backends.lessons import batch_strategy, strategy_calls
 from lab_backends.lessons.exercises.registry import load_solution
+from lab_backends.notebook import measure_rounds
 from lab_backends.server import cbackend
 from lab_backends.server.bundle import find_bundle
 from lab_backends.server.config_changes import apply_config
@@ -157,7 +159,7 @@ def test_batch_initialize_without_a_batcher_lets_the_batch_form_unbudgeted(libra
 
 @pytest.mark.server
 @pytest.mark.upstream
-def test_upstream_not_every_batch_initialize_gets_its_finalize(served, call_log):
+def test_upstream_not_every_batch_initialize_gets_its_finalize(served, call_log, monkeypatch):
     """Triton 2.51 calls BatchFinalize for a batch's tally when it sends the batch (core
     dynamic_batch_scheduler.cc 430-436 at r24.10), never at unload (the destructor, 174-182, only stops
     the thread) and never for the last tally of a batch it resumed (that batch is not sent again; the
@@ -167,18 +169,27 @@ def test_upstream_not_every_batch_initialize_gets_its_finalize(served, call_log)
     update both and drop this test.
     """
     server, base = served
-    results = {}
-    for name, options in {"closed": {"close_every_batch": True}, "open": {"close_every_batch": False}}.items():
-        results[name] = strategy_calls.counted(
-            server, batch_strategy.MODEL, lambda: batch_strategy.trickle(server, base, call_log, **options))
-    for name, (run, calls) in results.items():
-        grown = int((run.table["size"] > 1).sum())
-        assert run.answers["ok"].all(), name
-        assert calls.batcher_initialize == calls.batcher_finalize == 1, (name, calls)
-        assert calls.unknown_finalized == 0, (name, calls)
-        assert calls.never_finalized == 1 + grown, (name, grown, calls)
-        assert calls.batch_initialize - calls.batch_finalize == calls.never_finalized, (name, calls)
-    assert int((results["open"][0].table["size"] > 1).sum()) >= 1  # some batch was resumed
+
+    def run(close_every_batch: bool) -> tuple[Any, Any]:
+        return strategy_calls.counted(server, batch_strategy.MODEL, lambda: batch_strategy.trickle(
+            server, base, call_log, close_every_batch=close_every_batch))
+
+    def grown(result: tuple[Any, Any]) -> int:
+        return int((result[0].table["size"] > 1).sum())
+
+    # The open run must resume a batch to show the missing Finalize; on a busy machine the client's sends
+    # can bunch up so that none grows (a fresh clone's run beside a one-core hog: 24 batches of one). Such a
+    # run is measured again, once (notebook.measure_rounds); forced here, so the re-measure runs every time.
+    monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
+    rounds = [run(True), *measure_rounds(run(False), lambda result: grown(result) == 0, lambda _: run(False))]
+    for index, (result, calls) in enumerate(rounds):
+        assert result.answers["ok"].all(), index
+        assert calls.batcher_initialize == calls.batcher_finalize == 1, (index, calls)
+        assert calls.unknown_finalized == 0, (index, calls)
+        assert calls.never_finalized == 1 + grown((result, calls)), (index, calls)
+        assert calls.batch_initialize - calls.batch_finalize == calls.never_finalized, (index, calls)
+    assert len(rounds) >= 3, "the forced re-measure did not run"
+    assert grown(rounds[-1]) >= 1, "no open run resumed a batch (twice): the test proved nothing about it"
     apply_config(server, batch_strategy.MODEL, None, base)  # counted() leaves the model unloaded
 
 
