@@ -13,6 +13,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,6 +181,53 @@ def test_tritonserver_lives_where_only_the_door_reaches_it_and_holds_no_key(door
     assert rest.request(f"{door.url}/v2/health/ready")[0] == 200  # and the door does reach it
     status, page = rest.request(f"http://{door.serve.metrics}/metrics")
     assert status == 200 and b"nv_inference_request_success" in page  # the metrics page, through the door
+
+
+#: What an unprivileged local user tries (run as ``nobody``): the crashing POST through the door, a connection
+#: to each of tritonserver's own ports, and the key in every command line and readable environment.
+_AS_NOBODY = """
+import glob, socket, subprocess, sys, urllib.request
+door, key, ports = sys.argv[1], sys.stdin.read().strip(), [int(p) for p in sys.argv[2:]]
+request = urllib.request.Request(f"http://{door}/v2/health/ready", data=b"a=" + b"x" * (4 << 20),
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+try:
+    urllib.request.urlopen(request, timeout=30)
+    status = 200
+except urllib.error.HTTPError as exc:
+    status = exc.code
+reached = []
+for port in ports:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        reached.append(port)
+    except OSError:
+        pass
+args = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+environs = 0
+found = key in args
+for path in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        found = found or key.encode() in open(path, "rb").read()
+        environs += 1
+    except OSError:
+        pass
+print(status, ",".join(map(str, reached)) or "none", "tritonserver" in args, environs, found)
+"""
+
+
+def test_an_unprivileged_local_user_can_neither_crash_reach_nor_read_the_key(door):
+    """The issue's unprivileged user, for real: ``nobody``, on this machine, outside any class namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("running the probe as another user needs root")
+    done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", sys.executable,
+                           "-c", _AS_NOBODY, door.serve.http, *map(str, door.triton_ports)],
+                          input=door.key, capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    status, reached, saw_triton, environs, found = done.stdout.split()
+    assert status == "415" and reached == "none", done.stdout
+    assert saw_triton == "True" and int(environs) > 0, f"the probe saw too little to prove anything: {done.stdout}"
+    assert found == "False", "nobody read the admin key from a command line or an environment"
+    assert alive(door.serve.pid)
 
 
 def test_upstream_tritonclient_flows_pass_the_door_with_the_key(door):
