@@ -151,17 +151,10 @@ class FrontDoor:
         if self._watchdog is not None:
             terminate(self._watchdog, grace_s=5.0)
 
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def error_tail(self, lines: int = 3) -> str:
         path = self.settings.error_log
         text = path.read_text(errors="replace") if path.exists() else ""
         return " | ".join(text.strip().splitlines()[-lines:])
-
-    def access_lines(self) -> list[str]:
-        path = self.settings.access_log
-        return path.read_text(errors="replace").splitlines() if path.exists() else []
 
     @property
     def _pid_file(self) -> Path:

@@ -82,16 +82,14 @@ def take_ports(http: int | None, grpc: int | None, metrics: int | None, host: st
 
 def public_ports(http: int | None, grpc: int | None, metrics: int | None) -> PublicPorts:
     """Take the door's ports here; then, as root, move this process into a network namespace of its own."""
-    sockets = take_ports(http, grpc, metrics)
-    isolated = os.geteuid() == 0
-    if isolated:
+    ports = PublicPorts(*take_ports(http, grpc, metrics), isolated=os.geteuid() == 0)
+    if ports.isolated:
         try:
             enter_private_network()
         except BaseException:
-            for sock in sockets:
-                sock.close()
+            ports.close()
             raise
-    return PublicPorts(*sockets, isolated=isolated)
+    return ports
 
 
 def enter_private_network() -> None:
