@@ -70,16 +70,22 @@ def banner(key_file: str | Path | None, open_apis: bool) -> list[str]:
     ]
 
 
-def write_key_file(path: str | Path, key: str) -> Path:
-    """Write ``key`` to ``path`` readable by its owner only (created 0600, tightened if it existed)."""
+def write_private(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only: created 0600 (tightened if it existed), never
+    through a symbolic link planted at ``path`` (``O_NOFOLLOW``). Keys, secrets and configs holding them."""
     path = Path(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         os.fchmod(fd, 0o600)
-        os.write(fd, (key + "\n").encode())
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
     return path
+
+
+def write_key_file(path: str | Path, key: str) -> Path:
+    """Write ``key`` (one line) to ``path``, readable by its owner only (:func:`write_private`)."""
+    return write_private(path, key + "\n")
 
 
 #: What a class's shared server keeps behind the key (deploy/triton and ``make class``): statistics stay open,
