@@ -7,7 +7,7 @@ Sub-commands:
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   build-models  train/export the digits and character models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
-  bench         ``bench batching|backends|continuous [--quick]``: a benchmark -> bench/*.csv, bench/*.png
+  bench         ``bench batching|backends|continuous|door [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
   class         a class on one machine: ``add-learners``, ``start``, ``stop``, ``measure`` (``make class``)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
@@ -39,6 +39,7 @@ from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server import admin, bundle, cbackend, front_door, limits, native_backends, netns
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
+from lab_backends.server.door_share import add_share_arguments, share_limits
 from lab_backends.server.ports import free_ports
 from lab_backends.server.triton_server import TritonServer
 
@@ -55,6 +56,10 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
     # The door's ports first, then (root) a network namespace of its own for tritonserver, before any thread.
+    if args.learner_secret_file and not args.front_door:
+        raise LabBackendsError("--learner-secret-file shares the front door among learners: add --front-door")
+    secret_file = args.learner_secret_file
+    share = front_door.read_fair_share(secret_file, share_limits(args)) if secret_file else None
     ports = netns.public_ports(args.http_port, args.grpc_port, args.metrics_port) if args.front_door else None
     fixed = (None, None, None) if ports else (args.http_port, args.grpc_port, args.metrics_port)
     server = TritonServer(
@@ -71,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     with server, contextlib.ExitStack() as stack:
         door = stack.enter_context(front_door.door_for(
             server, ports, front_door.DoorAccess.from_serve_options(admin_options), server.log_path.parent / "door",
+            share,
         )) if ports else None
         print(f"Triton is ready (pid {server.pid})", flush=True)
         for line in front_door.banner(door, server) if door else [
@@ -155,9 +161,11 @@ def _bench(args: argparse.Namespace) -> int:
     """Benchmarks write files (CSV, PNG) and print their tables; they assert nothing."""
     from lab_backends.measure.backend_cost import backends_bench
     from lab_backends.measure.bench import batching_bench
+    from lab_backends.measure.door_share import door_bench
     from lab_backends.measure.generation_bench import continuous_bench
 
-    run = {"batching": batching_bench, "backends": backends_bench, "continuous": continuous_bench}[args.name]
+    run = {"batching": batching_bench, "backends": backends_bench, "continuous": continuous_bench,
+           "door": door_bench}[args.name]
     signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
     try:
         run(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
@@ -264,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="put Debian's nginx before tritonserver (make door-deps): it takes --http-port and "
                        "--grpc-port, refuses form-encoded bodies, bodies over the served models' largest request "
                        "and names with '..', and checks the admin key itself; tritonserver gets ports of its own")
+    add_share_arguments(serve)
     serve.add_argument("--restricted-apis", metavar="A,B",
                        help="the APIs behind the key (default: all). A class keeps statistics open: "
                             "model-repository,trace,shared-memory,logging")
@@ -295,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=_lab)
 
     bench = sub.add_parser("bench", help="run a benchmark and write its CSV/PNG files")
-    bench.add_argument("name", choices=["batching", "backends", "continuous"], help="which benchmark")
+    bench.add_argument("name", choices=["batching", "backends", "continuous", "door"], help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
     bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
     bench.set_defaults(func=_bench)

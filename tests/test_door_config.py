@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import subprocess
 
@@ -9,6 +11,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends.errors import FrontDoorError
+from lab_backends.learner import new_secret, token_for
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.door_config import (
     GRPC_RESTRICTED,
@@ -17,6 +20,7 @@ from lab_backends.server.door_config import (
     MIN_BODY,
     VARIABLE_DIM,
     DoorSettings,
+    FairShare,
     body_limit,
     render,
 )
@@ -46,9 +50,9 @@ def test_the_body_limit_is_the_largest_json_request_at_max_batch():
     assert body_limit([small, big]) == body_limit([big])
 
 
-@pytest.mark.parametrize("variant", ["keyed", "open", "class", "root"])
+@pytest.mark.parametrize("variant", ["keyed", "open", "class", "root", "learners"])
 def test_nginx_accepts_the_rendered_config(tmp_path, variant):
-    """``nginx -t`` on each variant: the key, open admin APIs, the class's subset, a root master."""
+    """``nginx -t`` on each variant: the key, open admin APIs, the class's subset, a root master, learners' shares."""
     try:
         nginx = nginx_binary()
     except FrontDoorError as exc:
@@ -56,7 +60,8 @@ def test_nginx_accepts_the_rendered_config(tmp_path, variant):
     if variant == "root" and os.geteuid() != 0:
         pytest.skip("a `user` directive is checked only by a root nginx")
     changes = {"open": {"admin_key": None}, "class": {"restricted_apis": ("model-repository", "trace")},
-               "root": {"worker_user": "nobody"}}.get(variant, {})
+               "root": {"worker_user": "nobody"},
+               "learners": {"fair_share": FairShare(new_secret(), in_flight=3, rate_per_s=7, burst=0)}}.get(variant, {})
     settings = _settings(tmp_path, **changes)
     for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (tmp_path / temp).mkdir()
@@ -70,6 +75,27 @@ def test_nginx_accepts_the_rendered_config(tmp_path, variant):
         assert "ModelStatistics" not in text and "RepositoryModelLoad" in text  # statistics stay open
     if variant == "open":
         assert "k3y" not in text and "default 1;" in text
+    if variant == "learners":
+        assert "limit_conn door_in_flight 3;" in text and "rate=7r/s" in text and "limit_req zone=door_rate;" in text
+    else:
+        # nothing is limited outside a class
+        assert "limit_req" not in text and "limit_conn" not in text and "secure_link" not in text
+
+
+def test_a_learners_token_is_unpadded_base64url_md5_of_name_and_secret():
+    # What nginx's secure_link_md5 "$http_lab_learner <secret>" compares: the 16 bytes of the MD5 in
+    # base64url are 22 characters and "==" of padding, which secure_link's value leaves out.
+    assert token_for("s3cret", "ada") == base64.urlsafe_b64encode(hashlib.md5(b"ada s3cret").digest()).decode()[:22]
+    assert token_for("s3cret", "ada") != token_for("s3cret", "bob") != token_for("other", "bob")
+    with pytest.raises(ValueError, match="not a learner's name"):
+        token_for("s3cret", "ada x")  # a space would move the boundary between the name and the secret
+
+
+@pytest.mark.parametrize("share", [dict(secret="short"), dict(secret='a"; return 200; #' * 2),
+                                   dict(secret=new_secret(), in_flight=0), dict(secret=new_secret(), burst=-1)])
+def test_a_share_nginx_cannot_hold_is_refused_with_the_fix(share):
+    with pytest.raises(FrontDoorError, match="learner"):
+        FairShare(**share)
 
 
 def test_a_key_nginx_cannot_quote_is_refused_with_the_fix(tmp_path):

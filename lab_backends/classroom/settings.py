@@ -60,6 +60,11 @@ class ClassSettings:
         return self.state_dir / "admin-key"
 
     @property
+    def learners_secret_file(self) -> Path:
+        """The secret each learner's door token is made from (``lab_backends.learner``): root only."""
+        return self.state_dir / "learners.secret"
+
+    @property
     def config_file(self) -> Path:
         return self.state_dir / "jupyterhub_config.py"
 
@@ -122,6 +127,7 @@ c.JupyterHub.cleanup_proxy = True
 {auth}c.JupyterHub.spawner_class = "lab_backends.classroom.spawner.NamespaceSpawner"
 c.NamespaceSpawner.class_group = {settings.group!r}
 c.NamespaceSpawner.course_dir = {str(settings.notebooks_dir)!r}
+c.NamespaceSpawner.learners_secret_file = {str(settings.learners_secret_file)!r}
 c.Spawner.cmd = [{str(venv_bin / 'jupyterhub-singleuser')!r}]
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~/notebooks"

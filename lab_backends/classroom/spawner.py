@@ -31,6 +31,11 @@ regions there 0644 whatever the umask (``tests/reliability/test_security.py`` pi
 machine's ``/dev/shm`` any learner could read another's tensors, and the shared server's; inside, a
 learner sees only the regions of their own embedded Triton and their own clients.
 
+Who is who at the front door: the server's environment carries the learner's name and door token
+(``lab_backends.learner``: made from the class's secret, which only root reads) and puts the
+``with_key`` boot folder first on ``PYTHONPATH``, so every tritonclient call and every
+``rest.request`` of the learner's kernels carries them; the door counts the request as theirs.
+
 On first start the course notebooks are copied into ``~/notebooks`` (owned by the learner).
 """
 
@@ -48,7 +53,9 @@ import psutil
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode
 
+from lab_backends import learner
 from lab_backends.classroom.settings import DUMB_INIT
+from lab_backends.client.with_key import BOOT_DIR
 
 #: What is copied into a learner's home: the lessons and their exercises, not the test hooks.
 _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pycache__")
@@ -112,6 +119,8 @@ class NamespaceSpawner(LocalProcessSpawner):
 
     class_group = Unicode("lab-class", config=True, help="only members of this Unix group get a server")
     course_dir = Unicode("", config=True, help="copied into ~/notebooks on a learner's first start")
+    learners_secret_file = Unicode("", config=True, help="the class's secret: each learner's door token is made "
+                                   "from it (root only)")
 
     def make_preexec_fn(self, name):
         """Stay root in the child: ``unshare`` needs it, and ``setpriv`` drops to the learner after."""
@@ -121,6 +130,11 @@ class NamespaceSpawner(LocalProcessSpawner):
         env = super().user_env(env)
         env["SHELL"] = "/bin/bash"  # the account's login shell is nologin: the hub is the only way in
         env["LAB_RUNS_DIR"] = str(Path(env["HOME"]) / ".lab-backends" / "runs")  # their own Triton's runs
+        if self.learners_secret_file:
+            secret = Path(self.learners_secret_file).read_text(encoding="utf-8").strip()
+            env[learner.LEARNER_VAR] = self.user.name
+            env[learner.TOKEN_VAR] = learner.token_for(secret, self.user.name)
+            env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *filter(None, [env.get("PYTHONPATH", "")])])
         return env
 
     async def start(self):

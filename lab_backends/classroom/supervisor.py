@@ -8,7 +8,8 @@ the supervisor starts two children, each in its own session, and remembers their
    tritonserver and its stubs and removes their ``/dev/shm`` regions), with a fresh admin key
    written to a root-only file and the APIs of deploy/triton restricted. Learners reach it through
    the door (nginx, ``server/front_door.py``), which holds the class's ports while a crashed
-   tritonserver is restarted behind it, so no learner can bind them meanwhile;
+   tritonserver is restarted behind it, so no learner can bind them meanwhile, and gives each
+   learner a share of it (``--learner-secret-file``: the hub hands each learner's server its token);
 2. ``jupyterhub`` (which starts configurable-http-proxy and, per learner, the namespaced servers).
 
 Stopping runs in the reverse order: the hub first (it stops every learner's server and the proxy
@@ -34,7 +35,7 @@ from typing import Callable
 
 import psutil
 
-from lab_backends import rest
+from lab_backends import learner, rest
 from lab_backends.classroom.roster import RosterError, kill_processes_of, require_root
 from lab_backends.classroom.settings import (
     CLASS_RESTRICTED,
@@ -46,6 +47,7 @@ from lab_backends.classroom.settings import (
 )
 from lab_backends.errors import FrontDoorError, LabBackendsError
 from lab_backends.server import limits
+from lab_backends.server.admin import write_key_file
 from lab_backends.server.crash import backoff_delay, describe_exit
 from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.ports import port_is_free
@@ -144,9 +146,10 @@ def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s
     bin_dir = Path(sys.executable).parent
     http, grpc_port, metrics = settings.triton_ports
     settings.key_file.unlink(missing_ok=True)
+    write_key_file(settings.learners_secret_file, learner.new_secret())  # a class's learners' tokens: new each start
     serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--front-door",
              "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
-             "--admin-key-file", str(settings.key_file),
+             "--admin-key-file", str(settings.key_file), "--learner-secret-file", str(settings.learners_secret_file),
              "--restricted-apis", ",".join(CLASS_RESTRICTED), *[a for m in settings.models for a in ("--model", m)]]
     hub_cmd = [str(bin_dir / "jupyterhub"), "-f", str(settings.config_file)]
 

@@ -18,6 +18,9 @@ r24.10 (server ``src/http_server.cc``, ``src/grpc/grpc_server.cc``):
 - **names with ``..``, ``/`` (raw or percent-encoded) or over 255 characters -> 400** in the path of
   any HTTP request (Triton joins a load's model name to the repository path as it is).
 
+- **each learner's fair share** (:mod:`lab_backends.server.door_share`, a class's door): who sent a
+  request, and how much of the door each learner may hold.
+
 What it does not refuse: a gRPC load's model name (it travels inside a protobuf message nginx does not
 read: the key is what guards it), and Triton's small crashers (200 kB of nested JSON): those need
 Triton's fix, ``serve --restart`` brings the server back meanwhile.
@@ -33,6 +36,7 @@ from typing import Iterable, Sequence
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends.errors import FrontDoorError
+from lab_backends.server.door_share import FairShare, learners_lines, location_limits, too_many
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
 
 #: The HTTP paths of each restricted API, as nginx regexes on the decoded path (``$uri``): a
@@ -84,6 +88,8 @@ class DoorSettings:
     #: Set when nginx's master runs as root: its workers run as this user and group.
     worker_user: str | None = None
     worker_group: str = "nogroup"
+    #: Per-learner identity and limits (a class); ``None``: everyone is ``-`` and nothing is limited.
+    fair_share: FairShare | None = None
 
     @property
     def access_log(self) -> Path:
@@ -149,7 +155,7 @@ def _http_common(s: DoorSettings) -> list[str]:
     lines = [
         f"client_body_temp_path {s.workdir / 'body'};",
         *[f"{kind}_temp_path {s.workdir / kind};" for kind in ("proxy", "fastcgi", "uwsgi", "scgi")],
-        "log_format door '$time_iso8601 $remote_addr:$remote_port \"$request\" $status '",
+        "log_format door '$time_iso8601 $remote_addr:$remote_port learner=$door_learner \"$request\" $status '",
         "                '$request_length>$bytes_sent ${request_time}s upstream=$upstream_status';",
         f"access_log {s.access_log} door;",
         f"client_max_body_size {s.body_limit};",
@@ -189,7 +195,7 @@ def _http_common(s: DoorSettings) -> list[str]:
         lines += [f'    "{_quoted(s.admin_key)}" 1;'] if s.admin_key is not None else []
         lines += ["}", f'map "$door_{name}_restricted:$door_{name}_key_ok" $door_{name}_refused {{',
                   "    default 0;", '    "1:0" 1;', "}"]
-    return lines
+    return lines + learners_lines(s.fair_share)
 
 
 def _http_server(s: DoorSettings) -> list[str]:
@@ -203,6 +209,7 @@ def _http_server(s: DoorSettings) -> list[str]:
         "    default_type application/json;  # what the refusals below answer as",
         "    error_page 502 504 =503 @triton_down;",
         "    error_page 413 @too_large;",
+        *(["    error_page 429 @too_many;"] if s.fair_share else []),
         # In the server's rewrite phase, before a location is chosen and its body limit applied: a
         # form-encoded body is named as such even when it is also too large.
         refuse("$door_form", 415, "the front door refuses form-encoded bodies of 1 MB or more (Triton 2.51 crashes "
@@ -218,6 +225,7 @@ def _http_server(s: DoorSettings) -> list[str]:
         "        proxy_request_buffering off;",
         "        proxy_buffering off;  # generate_stream answers as it goes",
         "        proxy_read_timeout 3600s;",
+        *location_limits(s.fair_share),
         "    }",
         "    location @too_large {",
         f"""        return 413 '{{"error":"the front door refuses bodies over {s.body_limit} bytes (the largest """
@@ -227,6 +235,9 @@ def _http_server(s: DoorSettings) -> list[str]:
         """        return 503 '{"error":"tritonserver is not answering behind the front door (restarting after a """
         """crash?): try again in a few seconds"}';""",
         "    }",
+        *([ "    location @too_many {",
+            f"""        return 429 '{{"error":"{too_many(s.fair_share)}"}}';""",
+            "    }"] if s.fair_share else []),
         "}",
     ]
 
@@ -237,10 +248,19 @@ def _grpc_server(s: DoorSettings) -> list[str]:
               f"{GRPC_HEADER_PREFIX}{ADMIN_HEADER} (or run the client under lab-backends with-key)\" always; "
               "return 200; }")
     proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", "        grpc_read_timeout 3600s;",
-             "        grpc_send_timeout 3600s;"]
+             "        grpc_send_timeout 3600s;", *location_limits(s.fair_share)]
+    busy = [
+        "    error_page 429 = @too_many;",
+        "    location @too_many {",
+        "        default_type application/grpc;",
+        f'        add_header grpc-status 8 always; add_header grpc-message "{too_many(s.fair_share)}" always;',
+        "        return 200;",
+        "    }",
+    ] if s.fair_share else []
     return [
         "server {",
         f"    listen {s.host}:{s.grpc_port} http2;",
+        *busy,
         f"    location = /{GRPC_SERVICE}/ModelStreamInfer {{",
         "        client_max_body_size 0;  # a stream's messages add up to one body: no limit",
         *proxy,

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_backends.errors import FrontDoorError
-from lab_backends.server.door_config import DoorSettings, body_limit, render
+from lab_backends.server.admin import write_private
+from lab_backends.server.door_config import DoorSettings, FairShare, body_limit, render
 from lab_backends.server.netns import PublicPorts
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
@@ -46,12 +47,29 @@ def nginx_binary() -> str:
     return found
 
 
-def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path) -> "FrontDoor":
+def read_fair_share(path: Path, limits: dict[str, int]) -> FairShare:
+    """``serve --learner-secret-file F``'s share: the class's secret from ``F``, which only its owner may read."""
+    try:
+        info = path.stat()
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise FrontDoorError(f"cannot read the learners' secret {path}: {exc.strerror or exc}; `lab-backends class "
+                             "start` writes it (or write one: python -c 'import secrets; "
+                             "print(secrets.token_urlsafe(32))' > F; chmod 600 F)") from None
+    if info.st_mode & 0o077:
+        raise FrontDoorError(f"{path} is readable by others (mode {info.st_mode & 0o777:04o}): anyone could make a "
+                             f"learner's token; `chmod 600 {path}`")
+    return FairShare(secret, **limits)
+
+
+def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path,
+             share: FairShare | None = None) -> "FrontDoor":
     """The door before a running local ``server``, on the sockets ``ports`` holds.
 
     Its body limit is sized to every model of the server's repositories (any of them can be loaded
     later); ``access`` says which APIs need which key at the door (tritonserver itself may hold none:
-    :mod:`lab_backends.server.netns`). A root ``serve`` hands nginx's workers to ``nobody``.
+    :mod:`lab_backends.server.netns`); ``share``, each learner's identity and limits (a class). A root
+    ``serve`` hands nginx's workers to ``nobody``.
     """
     configs = [read_config(d) for d in model_dirs(server.options.model_repositories).values()
                if config_problem(d) is None]
@@ -60,7 +78,7 @@ def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workd
         triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
         triton_metrics_port=server.metrics_port, workdir=workdir, body_limit=body_limit(configs),
         restricted_apis=access.restricted_apis, admin_key=access.admin_key,
-        worker_user="nobody" if os.geteuid() == 0 else None,
+        worker_user="nobody" if os.geteuid() == 0 else None, fair_share=share,
     ), ports)
 
 
@@ -171,10 +189,7 @@ class FrontDoor:
             (s.workdir / temp).mkdir(mode=0o700, exist_ok=True)
             if s.worker_user:  # the workers write large request bodies here
                 shutil.chown(s.workdir / temp, user=s.worker_user, group=s.worker_group)
-        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w") as out:
-            os.fchmod(out.fileno(), 0o600)
-            out.write(render(self.settings))
+        write_private(self.config_path, render(self.settings))
 
 
 def _plain_env() -> dict[str, str]:

@@ -132,6 +132,12 @@ def test_three_learners_run_lesson_01_on_the_shared_server(classroom: Any) -> No
         finally:
             browser.close()
     after = {m: _success(room, m) for m in ("cost_model", "echo")}
+    # The door knew whose requests they were: the hub gave each learner's server its token, and the kernels'
+    # tritonclient and rest calls carried it (every name in the door's log is a learner whose token matched).
+    logged = _door_access_log(room).read_text().splitlines()
+    for name in room.learners:
+        assert any(f"learner={name} " in line and "infer" in line.lower() for line in logged), \
+            f"the front door's log names no inference of {name}'s: {logged[-20:]}"
     n = len(room.learners)
     assert after["cost_model"] - before["cost_model"] == n * COST_MODEL_PER_LEARNER, (before, after)
     assert after["echo"] - before["echo"] >= n * 2, (before, after)
@@ -192,6 +198,12 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
                           capture_output=True, text=True, timeout=30)
     assert host.returncode == 0 and "tritonserver" in host.stdout, host.stderr  # the control: ps sees it
     assert room.key not in host.stdout, "the admin key is on a command line of this machine"
+
+
+def _door_access_log(room: Any) -> Path:
+    """The class door's access log, as the shared Triton's ``serve`` last announced it."""
+    text = (room.state_dir / "triton.log").read_text(errors="replace")
+    return Path(text.rsplit("front door: nginx (pid ", 1)[1].split("its log ", 1)[1].split(";", 1)[0])
 
 
 def _shared_triton(room: Any) -> int | None:

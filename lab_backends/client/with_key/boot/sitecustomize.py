@@ -1,4 +1,5 @@
-"""Started by ``lab-backends with-key``: every tritonclient call of this Python carries the admin key.
+"""Started by ``lab-backends with-key`` (and in a class's learner servers): every tritonclient call of this
+Python carries the admin key, and a learner's identity.
 
 Python imports ``sitecustomize`` at start-up from ``sys.path``; ``with-key`` puts this folder first
 on ``PYTHONPATH``, so this runs before the command's own code, in every Python it starts. It
@@ -13,6 +14,11 @@ under the name the client's protocol needs, unless the caller already gave that 
 * gRPC (``tritonclient.grpc``, ``.grpc.aio``): metadata ``triton-grpc-protocol-admin-key``
   (``src/grpc/grpc_server.h`` ``kRestrictedProtocolHeaderTemplate`` + the key's name; else
   ``UNAVAILABLE: This protocol is restricted``).
+
+In a learner's server the hub puts this folder on ``PYTHONPATH`` and sets ``LAB_LEARNER`` and
+``LAB_LEARNER_TOKEN`` (``lab_backends/learner.py`` says what the front door does with them): every
+call then also carries headers ``lab-learner`` and ``lab-learner-token``, under the same names over
+both protocols (gRPC metadata travels as HTTP/2 headers, which is where nginx reads them).
 
 The key is read from the file named by ``LAB_WITH_KEY_FILE`` (else ``TRITON_ADMIN_KEY``), never
 from a command line. This file must stay self-contained (standard library only): the command's
@@ -30,6 +36,8 @@ import sys
 
 HTTP_HEADER = "admin-key"
 GRPC_HEADER = "triton-grpc-protocol-admin-key"
+#: A learner's identity: (environment variable, header) pairs, as ``lab_backends.learner`` names them.
+LEARNER_HEADERS = (("LAB_LEARNER", "lab-learner"), ("LAB_LEARNER_TOKEN", "lab-learner-token"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _state = {"patched": False, "warned": False}
 
@@ -40,6 +48,12 @@ def _key() -> str:
         return os.environ.get("TRITON_ADMIN_KEY", "")
     with open(path, encoding="utf-8") as f:
         return f.read().strip()
+
+
+def _learner_headers() -> dict[str, str]:
+    """The learner's identity headers, when the hub set both variables (else none)."""
+    found = {header: os.environ.get(var, "") for var, header in LEARNER_HEADERS}
+    return found if all(found.values()) else {}
 
 
 def header_for(cls: type) -> str | None:
@@ -63,14 +77,19 @@ def _patch(module) -> None:
     except OSError as exc:
         print(f"lab-backends with-key: cannot read the key file ({exc}); tritonclient calls go out WITHOUT the "
               "admin key", file=sys.stderr)
-        return
+        key = ""
+    learner = _learner_headers()
 
     def _call_plugin(self, request):
         original(self, request)  # the client's own plugin first
         name = header_for(type(self))
+        if name is None:
+            return
         headers = getattr(request, "headers", None) or {}
-        if name and key and not any(str(k).lower() == name for k in headers):
-            request.headers = {**headers, name: key}  # a new dict: the caller's stays as it was
+        given = {str(k).lower() for k in headers}
+        added = {h: v for h, v in [*learner.items(), *([(name, key)] if key else [])] if h not in given}
+        if added:
+            request.headers = {**headers, **added}  # a new dict: the caller's stays as it was
 
     _call_plugin._lab_with_key = True
     base._call_plugin = _call_plugin
@@ -121,7 +140,7 @@ def _run_hidden_sitecustomize() -> None:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-if os.environ.get("LAB_WITH_KEY_FILE") or os.environ.get("TRITON_ADMIN_KEY"):
+if os.environ.get("LAB_WITH_KEY_FILE") or os.environ.get("TRITON_ADMIN_KEY") or _learner_headers():
     sys.meta_path.insert(0, _Watcher())
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]  # the command's own path
 _run_hidden_sitecustomize()

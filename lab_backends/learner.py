@@ -1,0 +1,57 @@
+"""Who a request comes from at the front door: a learner's name, and a token only the class can make.
+
+A class's learners share one Triton behind the front door (``server/front_door.py``). To share it
+fairly, the door must tell them apart, and every request arrives from 127.0.0.1. So the hub gives
+each learner's server two values in its environment: the learner's name (:data:`LEARNER_VAR`) and
+a token (:data:`TOKEN_VAR`), ``base64url(MD5(name + " " + secret))``. Every request carries both as
+headers (:func:`headers`: ``rest.request`` adds them, and the ``with_key`` boot module adds them to
+every tritonclient call). The door recomputes the token with nginx's ``secure_link`` module
+(``secure_link_md5``, nginx.org/en/docs/http/ngx_http_secure_link_module.html), keeping the class's
+secret in its root-only config. A request whose token matches is counted as that learner's. Any other
+request is counted as ``-``, one shared bucket for everything anonymous.
+
+Why MD5: it is the hash that ``secure_link`` computes, and nginx has no other keyed check short of a
+module of our own. The secret is the end of the hashed text, so a learner who knows their own token
+and name cannot extend it. Making another learner's token means finding an MD5 preimage under an
+unknown 256-bit suffix, which no known attack does. Names are Unix account names (``useradd``'s
+rule), so no space or quote can shift the boundary between the name and the secret.
+
+Written by hand (twenty lines): no maintained library produces ``secure_link``'s token format.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import secrets
+from typing import Mapping
+
+#: The headers a learner's requests carry (HTTP headers; gRPC metadata of the same names).
+LEARNER_HEADER = "lab-learner"
+TOKEN_HEADER = "lab-learner-token"
+#: The environment variables the hub sets for a learner's server (``classroom/spawner.py``).
+LEARNER_VAR = "LAB_LEARNER"
+TOKEN_VAR = "LAB_LEARNER_TOKEN"
+#: A learner's name: ``useradd``'s default NAME_REGEX on Debian, as ``class add-learners`` checks it.
+NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def new_secret() -> str:
+    """A class's secret: 256 random bits, URL-safe (nothing to escape inside nginx's config)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_for(secret: str, name: str) -> str:
+    """The token nginx's ``secure_link_md5 "$name $secret"`` expects: unpadded base64url of the MD5."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a learner's name (a Unix account name: lowercase, digits, _ and -)")
+    digest = hashlib.md5(f"{name} {secret}".encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def headers(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The learner's two headers from ``environ``, or none when this process is not a learner's."""
+    name, token = environ.get(LEARNER_VAR, ""), environ.get(TOKEN_VAR, "")
+    return {LEARNER_HEADER: name, TOKEN_HEADER: token} if name and token else {}
