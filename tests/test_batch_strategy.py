@@ -22,6 +22,7 @@ import pytest
 
 from lab_backends.errors import BackendBuildError, MeasuredClaimError
 from lab_backends.lessons import batch_strategy, strategy_calls
+from lab_backends.lessons.exercises.batch_strategy import prefix_hint
 from lab_backends.lessons.exercises.registry import load_solution
 from lab_backends.notebook import measure_rounds
 from lab_backends.server import cbackend
@@ -208,3 +209,15 @@ def _inputs(x):
     from lab_backends.client.infer import make_inputs
 
     return make_inputs({"INPUT0": x})
+
+
+@pytest.mark.parametrize("mixed, hint", [
+    (["red", "redwood"], "'red' is a prefix of the others"),
+    (["redwood", "(none)", "blue"], "(no tenant) is a prefix of the others"),
+    (["red", "blue"], ""),
+    (["redwood", "red", "blue"], ""),
+])
+def test_a_mixed_batch_names_the_prefix_that_let_its_tenants_in(mixed, hint):
+    """The prefix fault mixes 'red' with 'redwood' or, when a tenant-less request opened the batch, "" with
+    anything: the message names either (which one a run shows depends on arrival order)."""
+    assert (hint in prefix_hint(mixed)) and bool(prefix_hint(mixed)) == bool(hint)

@@ -28,7 +28,7 @@ WRONG = [
     Wrong("compares only as many characters as the batch's tenant has ('red' takes 'redwood')",
           _variant("prefix", (COMPARE, "*should_include = batch->tenant != NULL && "
                                        "strncmp(batch->tenant, tenant, strlen(batch->tenant)) == 0;")),
-          r"mixed tenants .*'red'.*'redwood'|mixed tenants .*'redwood'.*'red'"),
+          r"mixed tenants .* is a prefix of the others: a comparison of only as many characters"),
     Wrong("compares the pointers, not the text: every batch holds one request",
           _variant("pointers", (COMPARE, "*should_include = batch->tenant == tenant;")),
           r"every batch held one request.*strcmp"),

@@ -125,7 +125,8 @@ def _bursts(own: Any) -> tuple[int, int, int]:
                 raise ExerciseError(
                     f"a batch of {row.size} requests mixed tenants {dict(mixed)} (requests "
                     f"{', '.join(row.request_ids[:6])}): IncludeRequest must refuse a request whose tenant is not "
-                    "the batch's first one (compare the whole text with strcmp; no tenant is tenant \"\")")
+                    "the batch's first one (compare the whole text with strcmp; no tenant is tenant \"\")"
+                    + prefix_hint(list(mixed.index)))
         batches, requests = batches + len(table), requests + len(answers)
         largest = max(largest, int(table["size"].max()))
         if largest > 1:
@@ -134,6 +135,19 @@ def _bursts(own: Any) -> tuple[int, int, int]:
         f"after {BURST_TRIES} bursts of {len(who)} requests (runs of 2 to 5 of one tenant) every batch held one "
         "request: requests of the same tenant must share a batch. Compare the tenants' text (strcmp), not "
         "their pointers, and keep including while the tenant matches")
+
+
+def prefix_hint(mixed: list[str]) -> str:
+    """When one tenant of a mixed batch begins every other one ('red' and 'redwood'; no tenant, "", begins
+    all): what a comparison of only the first tenant's length would let in. Which tenant opens a batch
+    depends on arrival order, so the same fault shows as 'red' + 'redwood' in one run, "" + 'blue' in another."""
+    names = ["" if t == "(none)" else t for t in mixed]
+    short = min(names, key=len)
+    if not all(n.startswith(short) for n in names):
+        return ""
+    shown = "(no tenant)" if short == "" else repr(short)
+    return (f"; {shown} is a prefix of the others: a comparison of only as many characters as the batch's "
+            "tenant has (strncmp with its strlen) lets them in")
 
 
 def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> None:
