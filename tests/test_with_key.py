@@ -7,6 +7,8 @@ what NVIDIA's examples do (``simple_grpc_infer_client.py``, ``simple_http_infer_
 ``simple_grpc_shm_client.py``, ``simple_http_shm_client.py``, ``simple_grpc_shm_string_client.py``,
 model control, an aio client): each passes no admin header of its own, is refused by the server
 when run plainly (HTTP 403 / gRPC ``This protocol is restricted``) and passes under ``with-key``.
+The same scripts run again against ``serve --front-door``, where the door refuses them (HTTP 403 /
+gRPC ``PERMISSION_DENIED``, in the door's words) and ``with-key`` passes them through.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from lab_backends.client.with_key import BOOT_DIR
+from lab_backends.errors import FrontDoorError
+from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX
 from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
@@ -221,10 +225,17 @@ SCRIPTS = {
     "model_control": (MODEL_CONTROL, "both", "grpc"),
     "aio": (AIO, "both", "grpc"),
 }
-#: What Triton answers a restricted call without the key (r24.10: http_server.cc 4748-4762, grpc_server.cc 197-207).
+#: What Triton answers a restricted call without the key (r24.10: http_server.cc 4748-4762, grpc_server.cc 197-207),
+#: and what the front door answers instead (server/door_config.py).
 REFUSED = {
-    "http": f"This API is restricted, expecting header '{ADMIN_HEADER}'",
-    "grpc": f"This protocol is restricted, expecting header '{GRPC_HEADER_PREFIX}{ADMIN_HEADER}'",
+    "tritonserver": {
+        "http": f"This API is restricted, expecting header '{ADMIN_HEADER}'",
+        "grpc": f"This protocol is restricted, expecting header '{GRPC_HEADER_PREFIX}{ADMIN_HEADER}'",
+    },
+    "front door": {
+        "http": "the front door refuses this admin API without the admin key",
+        "grpc": "the front door refuses this admin method without the admin key",
+    },
 }
 
 
@@ -235,6 +246,7 @@ class Served:
     key_file: Path
     banner: str
     tmp: Path
+    before: str  #: who answers at the ports: "tritonserver" or "front door"
 
 
 def _environment() -> dict[str, str]:
@@ -242,9 +254,15 @@ def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("TRITON_ADMIN_KEY", "LAB_WITH_KEY_FILE", "TRITON_URL")}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """``lab-backends serve --admin-key-file`` on wk_simple and wk_string, stopped by PID (SIGTERM, then SIGKILL)."""
+@pytest.fixture(scope="module", params=["tritonserver", "front door"])
+def served(request, tmp_path_factory):
+    """``lab-backends serve --admin-key-file`` on wk_simple and wk_string, stopped by PID (SIGTERM, then SIGKILL);
+    then the same with ``--front-door`` (nginx before tritonserver: ``make door-deps``)."""
+    if request.param == "front door":
+        try:
+            nginx_binary()
+        except FrontDoorError as exc:
+            pytest.skip(str(exc))
     tmp = tmp_path_factory.mktemp("with_key")
     for name, dtype in (("wk_simple", "TYPE_INT32"), ("wk_string", "TYPE_STRING")):
         (tmp / "repo" / name / "1").mkdir(parents=True)
@@ -253,13 +271,14 @@ def served(tmp_path_factory):
     for name, (source, _, _) in SCRIPTS.items():
         (tmp / f"{name}.py").write_text(PRELUDE + source)
     key_file, out, err = tmp / "admin.key", tmp / "serve.out", tmp / "serve.err"
-    proc = subprocess.Popen([*CLI, "serve", "--model-repository", str(tmp / "repo"), "--admin-key-file", str(key_file)],
-                            cwd=ROOT, stdout=open(out, "w"), stderr=open(err, "w"), env=_environment())
+    door = ["--front-door"] if request.param == "front door" else []
+    proc = subprocess.Popen([*CLI, "serve", "--model-repository", str(tmp / "repo"), "--admin-key-file", str(key_file),
+                             *door], cwd=ROOT, stdout=open(out, "w"), stderr=open(err, "w"), env=_environment())
     try:
         text = poll(out.read_text, lambda t: "Ctrl-C stops" in t or proc.poll() is not None, 120, 0.2)
         assert "Ctrl-C stops" in text, f"serve did not start:\n{text}\n{err.read_text()}"
         yield Served(re.search(r"HTTP/REST : http://(\S+)", text).group(1), re.search(r"gRPC +: (\S+)", text).group(1),
-                     key_file, text + err.read_text(), tmp)
+                     key_file, text + err.read_text(), tmp, request.param)
     finally:
         terminate(proc)
 
@@ -276,7 +295,7 @@ def _run(served: Served, name: str, wrapped: bool) -> subprocess.CompletedProces
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_an_unchanged_client_is_refused_alone_and_passes_under_with_key(served, name):
     bare = _run(served, name, wrapped=False)
-    assert bare.returncode != 0 and REFUSED[SCRIPTS[name][2]] in bare.stderr, (
+    assert bare.returncode != 0 and REFUSED[served.before][SCRIPTS[name][2]] in bare.stderr, (
         f"{name} without with-key: rc {bare.returncode}\n{bare.stdout}\n{bare.stderr[-2000:]}")
     wrapped = _run(served, name, wrapped=True)
     assert wrapped.returncode == 0 and "PASS" in wrapped.stdout, (
