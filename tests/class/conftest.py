@@ -74,6 +74,13 @@ class Classroom:
         return done
 
 
+#: The import graphs of a learner's JupyterLab, its kernel and lesson 01's first cell.
+LEARNER_IMPORTS = ("import jupyterhub.singleuser, jupyter_server.serverapp, jupyterlab.labapp, ipykernel.kernelapp, "
+                   "ipykernel.ipkernel, matplotlib.pyplot, matplotlib_inline.backend_inline, pandas, "
+                   "lab_backends.lessons.exercises, lab_backends.lessons.protocol_reading, "
+                   "lab_backends.client.latency, lab_backends.server.triton_server")
+
+
 def _skip_unless_possible() -> None:
     if os.geteuid() != 0:
         pytest.skip("tests/class create Unix accounts and spawn learners as themselves: run as root (CI does)")
@@ -126,6 +133,13 @@ def classroom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Classroom]:
         assert add.returncode == 0, f"add-learners failed: {add.stderr}"
         for name in names:
             _lab_settings(name)
+        # What a learner's server and lesson 01 import, imported once as root first, so that Python caches their
+        # bytecode: make test installs with pip --no-compile and learners cannot write into the venv (without
+        # this, three learners compiled it all in memory: lesson 01 took 84 s instead of 53 s). `make class`
+        # compiles the whole venv instead (Makefile).
+        warm = subprocess.run([str(BIN / "python"), "-c", LEARNER_IMPORTS], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT)
+        assert warm.returncode == 0, warm.stderr
         hub_port = free_ports(1)[0]
         log = tmp / "class.log"
         with open(log, "wb") as out:
