@@ -69,10 +69,16 @@ class Phase:
 
 
 class DoorServe:
-    """``lab-backends serve --front-door`` in a child process, stopped by PID."""
+    """``lab-backends serve --front-door`` in a child process, stopped by PID.
 
-    def __init__(self, workdir: Path, secret: str | None) -> None:
-        flags = ["--front-door", "--admin-key-file", str(workdir / "admin.key"), "--model", MODEL]
+    ``models``: what it loads (``()``: every model of the repository); ``restricted``: the APIs behind
+    the key (``None``: all of them, serve's default); ``secret``: the learners' (``None``: no shares).
+    """
+
+    def __init__(self, workdir: Path, secret: str | None, models: tuple[str, ...] = (MODEL,),
+                 restricted: tuple[str, ...] | None = None) -> None:
+        flags = ["--front-door", "--admin-key-file", str(workdir / "admin.key"), *[f"--model={m}" for m in models]]
+        flags += ["--restricted-apis", ",".join(restricted)] if restricted is not None else []
         if secret is not None:
             flags += ["--learner-secret-file", str(write_key_file(workdir / "learners.secret", secret))]
         self.out = workdir / "serve.out"
@@ -87,7 +93,10 @@ class DoorServe:
         except BaseException:
             self.stop()
             raise
-        self.url = f"http://{found.group(1)}/v2/models/{MODEL}/infer"
+        self.http = found.group(1)
+        self.grpc = re.search(r"gRPC +: (\S+)", text).group(1)
+        self.metrics = re.search(r"metrics +: (\S+)", text).group(1)
+        self.url = f"http://{self.http}/v2/models/{MODEL}/infer"
 
     def stop(self) -> None:
         terminate(self.proc)
