@@ -39,7 +39,7 @@ class FairShare:
     """What each learner may use of the door (module doc): requests in flight, and a rate with a burst."""
 
     secret: str = field(repr=False)  #: the class's (learner.new_secret): tokens are checked against it
-    in_flight: int = 16     #: the lessons' largest concurrency (05's c=16) passes untouched
+    in_flight: int = 16     #: the largest concurrency a lesson sends (16) passes untouched
     rate_per_s: int = 1000  #: module doc: why this pace
     burst: int = 64         #: requests over the rate that wait (paced) before more are refused
 
