@@ -4,11 +4,13 @@ A class's learners share one Triton behind the front door (``server/front_door.p
 fairly, the door must tell them apart, and every request arrives from 127.0.0.1. So the hub gives
 each learner's server two values in its environment: the learner's name (:data:`LEARNER_VAR`) and
 a token (:data:`TOKEN_VAR`), ``base64url(MD5(name + " " + secret))``. Every request carries both as
-headers (:func:`headers`: ``rest.request`` adds them, and the ``with_key`` boot module adds them to
-every tritonclient call). The door recomputes the token with nginx's ``secure_link`` module
-(``secure_link_md5``, nginx.org/en/docs/http/ngx_http_secure_link_module.html), keeping the class's
-secret in its root-only config. A request whose token matches is counted as that learner's. Any other
-request is counted as ``-``, one shared bucket for everything anonymous.
+headers (:func:`headers`, :func:`metadata`): ``rest.request`` adds them, the ``with_key`` boot module
+adds them to every tritonclient call, and the hand-made clients send them too (``protocol.timed_post``
+and ``grpc_exchange``, ``latency``, ``streaming``, the load generator's senders). The door recomputes
+the token with nginx's ``secure_link`` module (``secure_link_md5``,
+nginx.org/en/docs/http/ngx_http_secure_link_module.html), keeping the class's secret in its root-only
+config. A request whose token matches is counted as that learner's. Any other request is counted as
+``-``, one shared bucket for everything anonymous.
 
 Why MD5: it is the hash that ``secure_link`` computes, and nginx has no other keyed check short of a
 module of our own. The secret is the end of the hashed text, so a learner who knows their own token
@@ -55,3 +57,8 @@ def headers(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The learner's two headers from ``environ``, or none when this process is not a learner's."""
     name, token = environ.get(LEARNER_VAR, ""), environ.get(TOKEN_VAR, "")
     return {LEARNER_HEADER: name, TOKEN_HEADER: token} if name and token else {}
+
+
+def metadata(environ: Mapping[str, str] = os.environ) -> tuple[tuple[str, str], ...]:
+    """The same as gRPC call metadata (``stub.ModelInfer(request, metadata=...)``); empty outside a class."""
+    return tuple(headers(environ).items())

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from tritonclient.grpc import service_pb2_grpc
 
+from lab_backends import learner
 from lab_backends.client.protocol import grpc_request, request_body, timed_post
 from lab_backends.server.running import RunningServer
 
@@ -56,7 +57,7 @@ def compare_latency(server: RunningServer, model: str, inputs: Mapping[str, np.n
         times = []
         for i in range(warmup + repeats):
             start = time.perf_counter()
-            response = stub.ModelInfer(request, timeout=120)
+            response = stub.ModelInfer(request, timeout=120, metadata=learner.metadata())
             if i >= warmup:
                 times.append((time.perf_counter() - start) * 1000)
     rows.append(("gRPC (protobuf, raw bytes)", request.ByteSize(), response.ByteSize(), times))

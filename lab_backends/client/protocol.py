@@ -25,7 +25,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
-from lab_backends import rest
+from lab_backends import learner, rest
 from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import tensor_bytes, triton_dtype
 from lab_backends.errors import ProtocolError
@@ -210,13 +210,14 @@ def timed_post(conn: http.client.HTTPConnection, path: str, body: bytes,
     """One POST on an open connection: the response, its whole body, and the round trip in ms.
 
     Public because the latency comparisons (client/latency.py, lessons/shared_memory.py) time their
-    own bodies with the same clock as :func:`http_exchange`.
+    own bodies with the same clock as :func:`http_exchange`. In a class it also sends the learner's
+    identity headers (:mod:`lab_backends.learner`; not in the exchange's shown headers).
 
     The clock runs from sending to having read the last byte; encoding and decoding stay outside.
     Raises :class:`ProtocolError` with Triton's message when the server refuses the request.
     """
     start = time.perf_counter()
-    conn.request("POST", path, body=body, headers=headers)
+    conn.request("POST", path, body=body, headers={**learner.headers(), **headers})
     response = conn.getresponse()
     payload = response.read()
     elapsed = (time.perf_counter() - start) * 1000
@@ -281,7 +282,7 @@ def grpc_exchange(server: RunningServer, model: str, inputs: Mapping[str, np.nda
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         start = time.perf_counter()
         try:
-            response = stub.ModelInfer(request, timeout=120)
+            response = stub.ModelInfer(request, timeout=120, metadata=learner.metadata())
         except grpc.RpcError as exc:
             raise ProtocolError(f"ModelInfer on {model!r} failed: {exc.code().name}: {exc.details()}") from exc
         elapsed = (time.perf_counter() - start) * 1000

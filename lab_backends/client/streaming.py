@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import tritonclient.grpc as grpcclient
 
+from lab_backends import learner
 from lab_backends.client.infer import make_inputs
 from lab_backends.errors import StreamingError
 from lab_backends.server.running import RunningServer
@@ -116,7 +117,8 @@ def sse_stream(
     """
     request = urllib.request.Request(
         f"http://{server.http_url}/v2/models/{model}/generate_stream",
-        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **learner.headers()},
+        method="POST",
     )
     events: list[StreamEvent] = []
     start = time.monotonic()

@@ -25,8 +25,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from lab_backends import learner, rest
+from lab_backends.client import protocol
 from lab_backends.client.with_key import BOOT_DIR
 from lab_backends.errors import FrontDoorError
+from lab_backends.measure.loadgen.payloads import http_request_bytes
 from lab_backends.server.admin import write_key_file
 from lab_backends.server.front_door import nginx_binary
 from lab_backends.waiting import poll
@@ -162,6 +164,30 @@ def test_an_unchanged_tritonclient_script_in_a_learners_environment_carries_thei
     assert run.returncode == 0, run.stderr
     lines = door.logged("learner=gus", 2)
     assert any("GET /v2/health/ready" in line for line in lines) and any("ServerReady" in line for line in lines)
+
+
+@dataclass(frozen=True)
+class _Endpoints:
+    """Where the hand-made clients send (they read only a server's URLs)."""
+
+    http_url: str
+    grpc_url: str
+
+
+def test_the_hand_made_clients_carry_the_learners_identity_too(door, monkeypatch):
+    """The lessons' own wire-level clients (client/protocol.py) and the load generator, in a learner's environment."""
+    monkeypatch.setenv(learner.LEARNER_VAR, "hal")
+    monkeypatch.setenv(learner.TOKEN_VAR, learner.token_for(door.secret, "hal"))
+    where = _Endpoints(door.serve.http, door.serve.grpc)
+    x = {"INPUT0": np.ones((1, 16), np.float32)}
+    assert protocol.http_exchange(where, "rel_double", x).status == 200
+    time.sleep(1.0 / RATE + 0.1)
+    protocol.grpc_exchange(where, "rel_double", x)
+    lines = door.logged("learner=hal", 2)
+    assert any("POST /v2/models/rel_double/infer" in line for line in lines), lines
+    assert any("GRPCInferenceService/ModelInfer" in line for line in lines), lines
+    message = http_request_bytes(door.serve.http, "rel_double", x)
+    assert f"lab-learner: hal\r\nlab-learner-token: {learner.token_for(door.secret, 'hal')}\r\n".encode() in message
 
 
 def _hold_open(door: SharedDoor, name: str) -> socket.socket:

@@ -9,6 +9,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
+from lab_backends import learner
 from lab_backends.client.wire import tensor_bytes, triton_dtype
 
 
@@ -71,7 +72,8 @@ def http_request_bytes(
     head = json.dumps(header, separators=(",", ":")).encode()
     body = head + b"".join(blobs)
     path = f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
+    identity = "".join(f"{k}: {v}\r\n" for k, v in learner.headers().items())  # a class's learner: the door's
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/octet-stream\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/octet-stream\r\n{identity}"
         f"Inference-Header-Content-Length: {len(head)}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body

@@ -13,6 +13,7 @@ import numpy as np
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from lab_backends import learner
 from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
 from lab_backends.errors import LoadSettingError
@@ -39,7 +40,7 @@ class _GrpcSender:
 
     async def send(self) -> str:
         try:
-            await self.call(self.body, timeout=self.timeout_s)
+            await self.call(self.body, timeout=self.timeout_s, metadata=learner.metadata())
             return ""
         except self._grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
