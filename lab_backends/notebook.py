@@ -6,7 +6,9 @@ notebook runs top to bottom in seconds; the lessons and the assertions stay the 
 
 from __future__ import annotations
 
+import builtins
 import os
+import sys
 from typing import Any, Callable, NamedTuple, TypeVar
 
 from lab_backends.errors import MeasuredClaimError
@@ -157,3 +159,34 @@ def check_claims(data: T, claims: list[Claim], *, remeasure: Callable[[float], T
         "above it from the measurement on (Run > Run Selected Cell and All Below). If it still fails "
         "on a quiet machine, the lesson is broken: please report it with this message."
     )
+
+
+#: What the front door answers while tritonserver restarts behind it (server/door_config.py: HTTP 503,
+#: gRPC UNAVAILABLE): the words a call's error then holds, whichever client made it.
+RESTARTING = "not answering behind the front door"
+
+
+def explain_restarts() -> bool:
+    """In a notebook kernel: an error that says the shared server is restarting prints one line, not a traceback.
+
+    A class's shared Triton restarts after a crash (``serve --restart``) while its front door holds the
+    ports and answers every call meanwhile with :data:`RESTARTING`. A learner's cell then fails through
+    no fault of theirs; they should read what happened and what to do (run it again), not tritonclient's
+    stack. Every other error shows as IPython shows it. Registered once per kernel (IPython's
+    ``set_custom_exc``), by the remote target when a lesson reaches a shared server; outside IPython
+    it does nothing and returns False.
+    """
+    shell = getattr(builtins, "get_ipython", lambda: None)()
+    if shell is None or getattr(shell, "_lab_explains_restarts", False):
+        return False
+
+    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> Any:
+        if RESTARTING in str(value):
+            print("the shared server is restarting after a crash (its front door says so): run this cell again "
+                  "in a few seconds", file=sys.stderr)
+            return None
+        return self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    shell.set_custom_exc((Exception,), handler)
+    shell._lab_explains_restarts = True
+    return True

@@ -5,10 +5,15 @@ Pure functions of the numbers handed to them: no server is involved, so none is 
 
 from __future__ import annotations
 
-import pytest
+import builtins
 
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from lab_backends import notebook
 from lab_backends.errors import LabBackendsError
 from lab_backends.notebook import REMEASURE_FACTOR, Claim, check, check_claims, check_measured, stretched
+from lab_backends.server.door_config import TRITON_DOWN
 
 
 def test_check_prints_the_lesson_and_raises_when_it_does_not_hold(capsys) -> None:
@@ -77,3 +82,30 @@ def test_claims_sharing_a_measurement_are_all_checked_again_on_the_new_one(capsy
     with pytest.raises(AssertionError, match="batching pays") as caught:
         check_claims((3.0, 1.2), [ratio, p99], remeasure=lambda k: (1.5, 0.8))
     assert "and is sooner" not in str(caught.value), "only the claim that missed the second time is reported"
+
+
+class _Shell:
+    """The two IPython calls explain_restarts makes, recorded."""
+
+    def __init__(self) -> None:
+        self.handler, self.shown = None, []
+
+    def set_custom_exc(self, types, handler):
+        self.types, self.handler = types, handler
+
+    def showtraceback(self, exc_tuple, tb_offset=None):
+        self.shown.append(exc_tuple[1])
+
+
+def test_a_restarting_shared_server_prints_one_line_and_other_errors_their_traceback(monkeypatch, capsys):
+    assert not notebook.explain_restarts()  # no IPython here: nothing registered
+    shell = _Shell()
+    monkeypatch.setattr(builtins, "get_ipython", lambda: shell, raising=False)
+    assert notebook.explain_restarts() and not notebook.explain_restarts()  # once per kernel
+    down = InferenceServerException(f"[StatusCode.UNAVAILABLE] {TRITON_DOWN}")  # what tritonclient raises then
+    assert shell.handler(shell, type(down), down, None) is None
+    assert capsys.readouterr().err.strip() == ("the shared server is restarting after a crash (its front door says "
+                                               "so): run this cell again in a few seconds")
+    other = ValueError("a learner's own mistake")
+    shell.handler(shell, ValueError, other, None)
+    assert shell.shown == [other]  # shown as IPython shows any error

@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from lab_backends.client.with_key import BOOT_DIR
-from lab_backends.errors import FrontDoorError
-from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX
 from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
+from tests.reliability.serve_process import require_nginx
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "lab_backends.cli"]
@@ -259,10 +258,7 @@ def served(request, tmp_path_factory):
     """``lab-backends serve --admin-key-file`` on wk_simple and wk_string, stopped by PID (SIGTERM, then SIGKILL);
     then the same with ``--front-door`` (nginx before tritonserver: ``make door-deps``)."""
     if request.param == "front door":
-        try:
-            nginx_binary()
-        except FrontDoorError as exc:
-            pytest.skip(str(exc))
+        require_nginx()
     tmp = tmp_path_factory.mktemp("with_key")
     for name, dtype in (("wk_simple", "TYPE_INT32"), ("wk_string", "TYPE_STRING")):
         (tmp / "repo" / name / "1").mkdir(parents=True)

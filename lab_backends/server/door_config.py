@@ -36,6 +36,7 @@ from typing import Iterable, Sequence
 from tritonclient.grpc import model_config_pb2
 
 from lab_backends.errors import FrontDoorError
+from lab_backends.notebook import RESTARTING
 from lab_backends.server.door_share import FairShare, learners_lines, location_limits, too_many
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
 
@@ -58,6 +59,8 @@ GRPC_RESTRICTED = {
     "logging": ("LogSettings",),
 }
 GRPC_SERVICE = "inference.GRPCInferenceService"
+#: The door's answer while tritonserver is down (HTTP 503, gRPC UNAVAILABLE): what notebook.explain_restarts reads.
+TRITON_DOWN = f"tritonserver is {RESTARTING} (restarting after a crash?): try again in a few seconds"
 #: A name in a path: one folder, at most 255 bytes (a file name's limit on Linux).
 MAX_NAME = 255
 #: Bytes per tensor element in a JSON request at worst (a float written out with its separator).
@@ -232,8 +235,7 @@ def _http_server(s: DoorSettings) -> list[str]:
         """request a served model can take, as JSON at its max batch): send a smaller batch"}';""",
         "    }",
         "    location @triton_down {",
-        """        return 503 '{"error":"tritonserver is not answering behind the front door (restarting after a """
-        """crash?): try again in a few seconds"}';""",
+        f"""        return 503 '{{"error":"{TRITON_DOWN}"}}';""",
         "    }",
         *([ "    location @too_many {",
             f"""        return 429 '{{"error":"{too_many(s.fair_share)}"}}';""",
@@ -260,6 +262,13 @@ def _grpc_server(s: DoorSettings) -> list[str]:
     return [
         "server {",
         f"    listen {s.host}:{s.grpc_port} http2;",
+        # tritonserver down (restarting): gRPC UNAVAILABLE with the HTTP side's words, not nginx's bare 502.
+        "    error_page 502 504 = @triton_down;",
+        "    location @triton_down {",
+        "        default_type application/grpc;",
+        f'        add_header grpc-status 14 always; add_header grpc-message "{TRITON_DOWN}" always;',
+        "        return 200;",
+        "    }",
         *busy,
         f"    location = /{GRPC_SERVICE}/ModelStreamInfer {{",
         "        client_max_body_size 0;  # a stream's messages add up to one body: no limit",

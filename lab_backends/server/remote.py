@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from lab_backends.errors import RemoteServerError
+from lab_backends.notebook import explain_restarts
 from lab_backends.server.endpoints import pod_endpoints, primary_url
 from lab_backends.server.readiness import probe_ready
 from lab_backends.server.target import Target
@@ -73,4 +74,5 @@ class RemoteTarget(Target):
                 f"no ready Triton at {self.http_url} within {self.startup_timeout_s:.0f} s; start it "
                 "(e.g. `docker compose up triton`) or unset TRITON_URL to use the embedded server"
             )
+        explain_restarts()  # a shared server's restart, in a learner's notebook: one line, not a traceback
         return False

@@ -8,11 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from lab_backends.errors import FrontDoorError
+from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Written by `make door-deps` when it could not install nginx: the reason to skip with.
+NGINX_MISSING = ROOT / "test-artifacts" / "door" / "nginx-missing.txt"
+
+
+def require_nginx() -> None:
+    """Skip, with the reason `make door-deps` recorded, when Debian's nginx (the front door) is missing."""
+    try:
+        nginx_binary()
+    except FrontDoorError as exc:
+        pytest.skip(NGINX_MISSING.read_text().strip() if NGINX_MISSING.exists() else str(exc))
 
 
 class Serve:

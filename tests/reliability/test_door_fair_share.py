@@ -27,15 +27,12 @@ from tritonclient.utils import InferenceServerException
 from lab_backends import learner, rest
 from lab_backends.client import protocol
 from lab_backends.client.with_key import BOOT_DIR
-from lab_backends.errors import FrontDoorError
 from lab_backends.measure.loadgen.payloads import http_request_bytes
 from lab_backends.server.admin import write_key_file
-from lab_backends.server.front_door import nginx_binary
 from lab_backends.waiting import poll
-from tests.reliability.serve_process import ROOT, Serve
+from tests.reliability.serve_process import ROOT, Serve, require_nginx
 
 pytestmark = pytest.mark.server
-NGINX_MISSING = ROOT / "test-artifacts" / "door" / "nginx-missing.txt"
 LIMITED = "the front door limits each learner"
 IN_FLIGHT, RATE = 2, 2
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
@@ -71,10 +68,7 @@ class SharedDoor:
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
-    try:
-        nginx_binary()
-    except FrontDoorError as exc:
-        pytest.skip(NGINX_MISSING.read_text().strip() if NGINX_MISSING.exists() else str(exc))
+    require_nginx()
     tmp = tmp_path_factory.mktemp("fair")
     secret = learner.new_secret()
     write_key_file(tmp / "learners.secret", secret)

@@ -24,20 +24,17 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from lab_backends import rest
-from lab_backends.errors import FrontDoorError
-from lab_backends.server.front_door import nginx_binary
+from lab_backends.notebook import RESTARTING
 from lab_backends.server.netns import network_namespace
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import alive, group_members
 from lab_backends.waiting import poll
-from tests.reliability.serve_process import ROOT, Serve
+from tests.reliability.serve_process import Serve, require_nginx
 from tests.reliability.test_crashes import FORM_ENCODED
 from tests.reliability.test_security import GRPC_RESTRICTED, HTTP_RESTRICTED
 from tests.reliability.test_serve_admin import _flows
 
 pytestmark = pytest.mark.server
-#: Written by `make door-deps` when it could not install nginx: the reason to skip with.
-NGINX_MISSING = ROOT / "test-artifacts" / "door" / "nginx-missing.txt"
 DOOR = "the front door refuses"
 
 
@@ -66,10 +63,7 @@ class Door:
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
-    try:
-        nginx_binary()
-    except FrontDoorError as exc:
-        pytest.skip(NGINX_MISSING.read_text().strip() if NGINX_MISSING.exists() else str(exc))
+    require_nginx()
     tmp = tmp_path_factory.mktemp("door")
     serve = Serve(tmp, "--front-door", "--admin-key-file", str(tmp / "admin.key"), "--restart")
     try:
@@ -247,15 +241,24 @@ def test_a_crash_behind_the_door_keeps_its_ports_held_and_tritonserver_comes_bac
     assert not port_is_free(int(door.serve.http.rsplit(":", 1)[1]))
     assert not port_is_free(int(door.serve.grpc.rsplit(":", 1)[1]))
     seen: list[tuple[int, bytes]] = []
+    grpc_errors: list[InferenceServerException] = []
+    channel = grpcclient.InferenceServerClient(door.serve.grpc)
 
     def ready() -> tuple[int, bytes]:
         seen.append(rest.request(f"{door.url}/v2/health/ready", timeout=5))
+        try:
+            channel.is_server_ready()
+        except InferenceServerException as exc:
+            grpc_errors.append(exc)
         return seen[-1]
 
     assert poll(ready, lambda answer: answer[0] == 200, 90, 0.1)[0] == 200, seen[-1]
-    # serve waits a second before it restarts (crash.backoff_delay): the door answered meanwhile.
+    # serve waits a second before it restarts (crash.backoff_delay): the door answered meanwhile, in words
+    # a notebook recognizes (notebook.explain_restarts prints one line for them), over HTTP and gRPC.
     down = [body for status, body in seen if status == 503]
-    assert down and all("restarting after a crash" in json.loads(body)["error"] for body in down), seen[:3]
+    assert down and all(RESTARTING in json.loads(body)["error"] for body in down), seen[:3]
+    assert grpc_errors and all(RESTARTING in str(e) and "UNAVAILABLE" in str(e.status()) for e in grpc_errors), \
+        grpc_errors[:3]
     err = poll(door.serve.err.read_text, lambda t: "restarted: pid" in t, 30, 0.2)
     after = int(re.search(r"restarted: pid (\d+)", err).group(1))
     assert after != before and f"--http-port={door.triton_ports[0]}" in psutil.Process(after).cmdline()
