@@ -167,14 +167,19 @@ print(len(pids), ';'.join(found) or 'none')
 """
 
 
-def _probe(room: Any, name: str, namespace_of: int) -> tuple[int, str]:
-    """Run :data:`_PROBE` as ``name`` inside the namespaces (PID, mount) of their server, PID ``namespace_of``."""
+def _as_learner(name: str, namespace_of: int, code: str, *args: str, stdin: str = "") -> str:
+    """Python ``code`` run as ``name`` inside the namespaces (PID, mount) of their server, PID ``namespace_of``."""
     drop = ["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--"]
     enter = ["nsenter", f"--target={namespace_of}", "--pid", "--mount", "--"]
-    done = subprocess.run([*enter, *drop, str(PY), "-c", _PROBE, str(room.state_dir / "admin-key")],
-                          input=room.key, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*enter, *drop, str(PY), "-c", code, *args], input=stdin, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
-    count, found = done.stdout.split()
+    return done.stdout
+
+
+def _probe(room: Any, name: str, namespace_of: int) -> tuple[int, str]:
+    """Run :data:`_PROBE` as ``name`` inside their server's namespaces: (processes seen, where the key was found)."""
+    count, found = _as_learner(name, namespace_of, _PROBE, str(room.state_dir / "admin-key"), stdin=room.key).split()
     return int(count), found
 
 
@@ -198,6 +203,46 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
                           capture_output=True, text=True, timeout=30)
     assert host.returncode == 0 and "tritonserver" in host.stdout, host.stderr  # the control: ps sees it
     assert room.key not in host.stdout, "the admin key is on a command line of this machine"
+
+
+_DOOR_PROBE = """
+import socket, sys, urllib.error, urllib.request
+url, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
+answers = []
+for _ in range(5):
+    post = urllib.request.Request(url + "/v2/health/ready", data=b"a=" + b"x" * (4 << 20), method="POST",
+                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
+    try:
+        answers.append(urllib.request.urlopen(post, timeout=30).status)
+    except urllib.error.HTTPError as exc:
+        answers.append(exc.code)
+    answers.append(urllib.request.urlopen(url + "/v2/health/ready", timeout=10).status)
+reached = []
+for port in ports:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        reached.append(port)
+    except OSError:
+        pass
+print(" ".join(map(str, answers)), "|", " ".join(map(str, reached)))
+"""
+
+
+def test_a_learner_cannot_crash_or_reach_the_shared_tritonserver(classroom: Any) -> None:
+    """As a learner, in their namespaces: Triton 2.51's crashing POST (4 MiB, form-encoded) five times, each
+    refused by the door (415) with the server ready after it and the same tritonserver throughout; and
+    tritonserver's own ports, which only the door reaches (its network namespace), refused."""
+    room = classroom
+    before = _shared_triton(room)
+    assert before, "the shared tritonserver was not found"
+    args = psutil.Process(before).cmdline()
+    own = [a.split("=", 1)[1] for a in args if a.startswith(("--http-port=", "--grpc-port="))]
+    assert len(own) == 2, args
+    name, server = next(iter(_learner_servers(room).items()))
+    answers, reached = _as_learner(name, server, _DOOR_PROBE, f"http://{room.triton_http}", *own).split("|")
+    assert answers.split() == ["415", "200"] * 5, answers
+    assert reached.split() == [], f"{name} connected to tritonserver's own ports {reached.split()}"
+    assert _shared_triton(room) == before, "the shared tritonserver was restarted: the POST reached it"
 
 
 def _door_access_log(room: Any) -> Path:
