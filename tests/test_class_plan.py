@@ -92,7 +92,7 @@ def test_notebooks_that_change_models_do_not_use_a_shared_server() -> None:
     from lab_backends.paths import lesson_notebooks
 
     changes = re.compile(r"apply_config\(|load_model\(|repository_index\(|unload_model\(|reload\(|enable_cache\(|"
-                         r"rate_limited\(|upload_model\(|_burst\(|gil_compare\(|batch_timeline\(")
+                         r"rate_limited\(|upload_model\(|_burst\(|gil_compare\(|batch_timeline\(|average_batches\(")
     local = class_plan.local_notebooks()
     offenders = [path.stem for path in lesson_notebooks()
                  if changes.search(class_plan.notebook_code(path)) and path.stem not in local]

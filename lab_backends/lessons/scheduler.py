@@ -12,6 +12,7 @@ bursts are in :mod:`~lab_backends.lessons.queue_policy_lesson`, the batcher stal
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -52,14 +53,24 @@ def batch_timeline(server: Any, base: Any, instances: int, n: int = 150, concurr
     """Run ``n`` requests on ``instances`` instances; the batches (from the trace), the answers, the facts.
 
     The server must write a trace (``trace_file=...``, ``trace_log_frequency=1`` to read it while
-    it runs); only this run's requests are kept, by their ``request_id`` prefix.
+    it runs); only this run's requests are kept, by their ``request_id`` prefix, new for every run:
+    the trace file keeps every earlier run's records (a re-run cell, a claim's re-measurement), and
+    two runs under one prefix would mix their batches.
     """
     reload(server, {"instance_group": [{"kind": "KIND_CPU", "count": instances}]}, base, model, warm=2)
-    answers = probe_load(server, model, n, concurrency=concurrency, prefix=f"timeline{instances}")
+    prefix = f"timeline{instances}-{uuid.uuid4().hex[:8]}"
+    answers = probe_load(server, model, n, concurrency=concurrency, prefix=prefix)
     ok = answers.loc[answers["ok"], "request_id"]
     log = tracing.read_trace(tracing.trace_path(server), request_ids=ok, timeout_s=30).select(ok)
     table = batches(compute_spans(log, model), answers)
     return table, answers, timeline_facts(table, answers)
+
+
+def average_batches(server: Any, base: Any, instances: tuple[int, ...] = (2, 3), n: int = 150,
+                    concurrency: int = 12, model: str = MODEL) -> dict[int, float]:
+    """The average batch size on each instance count, one :func:`batch_timeline` run each (what 03b
+    compares, and re-measures when a busy machine made the comparison miss)."""
+    return {k: batch_timeline(server, base, k, n, concurrency, model)[2]["avg_batch"] for k in instances}
 
 
 def outcome(answers: pd.DataFrame) -> pd.DataFrame:
