@@ -85,7 +85,10 @@ def command_line(command: Sequence[str]) -> list[str]:
         command = command[1:]
     if not command:
         raise WithKeyError("no command: lab-backends with-key --key-file F -- python your_client.py ARGS")
-    if shutil.which(command[0]) is None:
+    # A path is left to exec, which says why it cannot run it (cli._with_key). Checking it here with access(2)
+    # refused what exec runs: nobody's venv python, a link into a folder only root may list.
+    found = os.path.lexists(command[0]) if os.sep in command[0] else shutil.which(command[0]) is not None
+    if not found:
         raise WithKeyError(f"{command[0]!r} is not a command found on PATH (nor an executable file); "
                            "run a script as `python script.py`")
     return command
