@@ -28,6 +28,7 @@ from lab_backends.server.endpoints import statistics_payload
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR, shm_regions
 from lab_backends.waiting import poll
+from tests.reliability.test_front_door import AS_UNPRIVILEGED, REFUSED_AND_READY
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
@@ -205,29 +206,6 @@ def test_learners_cannot_read_the_admin_key(classroom: Any) -> None:
     assert room.key not in host.stdout, "the admin key is on a command line of this machine"
 
 
-_DOOR_PROBE = """
-import socket, sys, urllib.error, urllib.request
-url, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
-answers = []
-for _ in range(5):
-    post = urllib.request.Request(url + "/v2/health/ready", data=b"a=" + b"x" * (4 << 20), method="POST",
-                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
-    try:
-        answers.append(urllib.request.urlopen(post, timeout=30).status)
-    except urllib.error.HTTPError as exc:
-        answers.append(exc.code)
-    answers.append(urllib.request.urlopen(url + "/v2/health/ready", timeout=10).status)
-reached = []
-for port in ports:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        reached.append(port)
-    except OSError:
-        pass
-print(" ".join(map(str, answers)), "|", " ".join(map(str, reached)))
-"""
-
-
 def test_a_learner_cannot_crash_or_reach_the_shared_tritonserver(classroom: Any) -> None:
     """As a learner, in their namespaces: Triton 2.51's crashing POST (4 MiB, form-encoded) five times, each
     refused by the door (415) with the server ready after it and the same tritonserver throughout; and
@@ -239,9 +217,11 @@ def test_a_learner_cannot_crash_or_reach_the_shared_tritonserver(classroom: Any)
     own = [a.split("=", 1)[1] for a in args if a.startswith(("--http-port=", "--grpc-port="))]
     assert len(own) == 2, args
     name, server = next(iter(_learner_servers(room).items()))
-    answers, reached = _as_learner(name, server, _DOOR_PROBE, f"http://{room.triton_http}", *own).split("|")
-    assert answers.split() == ["415", "200"] * 5, answers
-    assert reached.split() == [], f"{name} connected to tritonserver's own ports {reached.split()}"
+    answers, reached, _, _, found = _as_learner(name, server, AS_UNPRIVILEGED, room.triton_http, *own,
+                                                stdin=room.key).split()
+    assert answers == REFUSED_AND_READY, answers
+    assert reached == "none", f"{name} connected to tritonserver's own ports {reached}"
+    assert found == "False", f"{name} read the admin key"
     assert _shared_triton(room) == before, "the shared tritonserver was restarted: the POST reached it"
 
 
