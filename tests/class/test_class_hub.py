@@ -72,15 +72,24 @@ def _open_and_run(page: Any, room: Any, name: str) -> Any:
     _wait(f"{name}'s kernel", lambda: _kernel_idle(page), 90)
     stop_cell = page.locator(".jp-CodeCell", has_text=STOP_AT).last
     first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
+    dialogs: list[str] = []
     for attempt in range(3):
+        # A JupyterLab dialog (seen once in a fresh clone: a learner's retry timed out behind one) would take the
+        # click: its text is kept for the failure message, and Escape dismisses it.
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count() and dialog.first.is_visible():
+            dialogs.append(dialog.first.inner_text()[:300])
+            page.keyboard.press("Escape")
         stop_cell.locator(".jp-InputPrompt").click()
         _run_menu(page, "Run All Above Selected Cell")
         try:
             _wait("the first cell to start", lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20)
             break
-        except AssertionError:
+        except AssertionError as exc:
             if attempt == 2:
-                raise
+                raise AssertionError(f"{name}'s lesson did not start; dialogs seen: {dialogs or 'none'}") from exc
+    if dialogs:
+        print(f"{name}'s lab showed dialogs before the run started: {dialogs}")
     return stop_cell
 
 
