@@ -55,7 +55,7 @@ from traitlets import Unicode
 
 from lab_backends import learner
 from lab_backends.classroom.settings import DUMB_INIT
-from lab_backends.client.with_key import BOOT_DIR
+from lab_backends.client.with_key import boot_pythonpath
 
 #: What is copied into a learner's home: the lessons and their exercises, not the test hooks.
 _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pycache__")
@@ -134,7 +134,7 @@ class NamespaceSpawner(LocalProcessSpawner):
             secret = Path(self.learners_secret_file).read_text(encoding="utf-8").strip()
             env[learner.LEARNER_VAR] = self.user.name
             env[learner.TOKEN_VAR] = learner.token_for(secret, self.user.name)
-            env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *filter(None, [env.get("PYTHONPATH", "")])])
+            env["PYTHONPATH"] = boot_pythonpath(env)
         return env
 
     async def start(self):

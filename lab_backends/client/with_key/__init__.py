@@ -74,8 +74,13 @@ def environment(key_file: str | Path | None, environ: Mapping[str, str] = os.env
     else:
         raise WithKeyError("no admin key: pass --key-file F (the file `lab-backends serve --admin-key-file F` "
                            "wrote) or set TRITON_ADMIN_KEY")
-    env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *filter(None, [env.get("PYTHONPATH", "")])])
+    env["PYTHONPATH"] = boot_pythonpath(env)
     return env, warning
+
+
+def boot_pythonpath(environ: Mapping[str, str]) -> str:
+    """``environ``'s ``PYTHONPATH`` with the boot folder first (its ``sitecustomize`` runs in every Python)."""
+    return os.pathsep.join([str(BOOT_DIR), *filter(None, [environ.get("PYTHONPATH", "")])])
 
 
 def command_line(command: Sequence[str]) -> list[str]:
