@@ -51,10 +51,13 @@ door-deps:
 	@sh scripts/apt_install.sh nginx $(NGINX_BIN) $(DOOR_ARTIFACTS) door-deps
 
 # A class on one machine (README "For instructors"; lab_backends/classroom/): the hub's proxy, pinned,
-# installed with npm under build/class-proxy (nothing global). Idempotent.
+# installed with npm under build/class-proxy (nothing global), and Debian's socat (the forwarders in and out of
+# each learner's network namespace, classroom/network.py), installed like nginx. Idempotent.
 CLASS_PROXY := build/class-proxy/node_modules/.bin/configurable-http-proxy
 CLASS_PROXY_VERSION := 5.2.0
+SOCAT_BIN      ?= /usr/bin/socat
 class-deps:
+	@sh scripts/apt_install.sh socat $(SOCAT_BIN) test-artifacts/class class-deps
 	@test -x $(CLASS_PROXY) && $(CLASS_PROXY) --version | grep -qx $(CLASS_PROXY_VERSION) || \
 	npm install --prefix build/class-proxy --no-audit --no-fund --loglevel=error configurable-http-proxy@$(CLASS_PROXY_VERSION)
 

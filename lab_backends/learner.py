@@ -18,6 +18,16 @@ and name cannot extend it. Making another learner's token means finding an MD5 p
 unknown 256-bit suffix, which no known attack does. Names are Unix account names (``useradd``'s
 rule), so no space or quote can shift the boundary between the name and the secret.
 
+Correlation IDs (issue 38): on a shared server every learner's sequences live in one sequence
+batcher, keyed by the correlation ID alone, so two learners who both pick ``sequence_id=7`` (the
+lessons suggest small numbers) would add to one running mean. In a class, the correlation ID a
+learner passes is therefore sent as ``uid * 2**32 + id`` (:func:`sequence_id`): Unix UIDs are unique
+on the machine, so the ranges cannot overlap, and no list of learners is needed. ``client.infer``
+applies it, so the lessons' sequence helpers and every answer built on ``infer`` stay in range. It
+cannot be enforced at the door: the ID travels inside the request body (JSON ``parameters`` over
+HTTP, protobuf over gRPC), which nginx does not parse; a learner who hand-crafts a request can still
+name another's ID, and lesson 08 says so.
+
 Written by hand (twenty lines): no maintained library produces ``secure_link``'s token format.
 """
 
@@ -57,6 +67,24 @@ def headers(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The learner's two headers from ``environ``, or none when this process is not a learner's."""
     name, token = environ.get(LEARNER_VAR, ""), environ.get(TOKEN_VAR, "")
     return {LEARNER_HEADER: name, TOKEN_HEADER: token} if name and token else {}
+
+
+#: How many correlation IDs each learner has: 1 .. 2**32 - 1, sent as ``uid * SEQUENCE_SPAN + id``.
+SEQUENCE_SPAN = 1 << 32
+
+
+def sequence_id(corrid: int | str, environ: Mapping[str, str] = os.environ, uid: int | None = None) -> int | str:
+    """The correlation ID a request carries: the learner's own range in a class, else ``corrid`` unchanged.
+
+    ``0`` (no sequence) and string IDs pass unchanged; a numeric ID outside 1 .. 2**32 - 1 in a class is
+    refused, since it would leave the learner's range.
+    """
+    if not headers(environ) or isinstance(corrid, str) or corrid == 0:
+        return corrid
+    if not 0 < int(corrid) < SEQUENCE_SPAN:
+        raise ValueError(f"in a class, a sequence ID must be between 1 and {SEQUENCE_SPAN - 1} (yours is sent in a "
+                         f"range of your own on the shared server), got {corrid}")
+    return (os.getuid() if uid is None else uid) * SEQUENCE_SPAN + int(corrid)
 
 
 def metadata(environ: Mapping[str, str] = os.environ) -> tuple[tuple[str, str], ...]:

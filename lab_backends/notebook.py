@@ -166,27 +166,50 @@ def check_claims(data: T, claims: list[Claim], *, remeasure: Callable[[float], T
 RESTARTING = "not answering behind the front door"
 
 
+def explain(explainer: Callable[[BaseException], str | None]) -> bool:
+    """In a notebook kernel: an error ``explainer`` recognizes prints its one line instead of a traceback.
+
+    IPython keeps one custom exception handler per shell (``set_custom_exc``), so every explainer
+    goes through one handler installed here: the first explainer that returns text for the error
+    prints it (stderr, red in the notebook) and the traceback is not shown; every other error shows
+    as IPython shows it. Registered once per explainer per kernel; outside IPython it does nothing
+    and returns False (also when this explainer was already registered).
+    """
+    shell = getattr(builtins, "get_ipython", lambda: None)()
+    if shell is None:
+        return False
+    explainers = getattr(shell, "_lab_explainers", None)
+    if explainers is None:
+        explainers = shell._lab_explainers = []
+
+        def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> Any:
+            for explain_one in explainers:
+                line = explain_one(value)
+                if line:
+                    print(line, file=sys.stderr)
+                    return None
+            return self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+        shell.set_custom_exc((Exception,), handler)
+    if explainer in explainers:
+        return False
+    explainers.append(explainer)
+    return True
+
+
+def _restarting(value: BaseException) -> str | None:
+    if RESTARTING in str(value):
+        return ("the shared server is restarting after a crash (its front door says so): run this cell again "
+                "in a few seconds")
+    return None
+
+
 def explain_restarts() -> bool:
     """In a notebook kernel: an error that says the shared server is restarting prints one line, not a traceback.
 
     A class's shared Triton restarts after a crash (``serve --restart``) while its front door holds the
     ports and answers every call meanwhile with :data:`RESTARTING`. A learner's cell then fails through
     no fault of theirs; they should read what happened and what to do (run it again), not tritonclient's
-    stack. Every other error shows as IPython shows it. Registered once per kernel (IPython's
-    ``set_custom_exc``), by the remote target when a lesson reaches a shared server; outside IPython
-    it does nothing and returns False.
+    stack. Registered (:func:`explain`) by the remote target when a lesson reaches a shared server.
     """
-    shell = getattr(builtins, "get_ipython", lambda: None)()
-    if shell is None or getattr(shell, "_lab_explains_restarts", False):
-        return False
-
-    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> Any:
-        if RESTARTING in str(value):
-            print("the shared server is restarting after a crash (its front door says so): run this cell again "
-                  "in a few seconds", file=sys.stderr)
-            return None
-        return self.showtraceback((etype, value, tb), tb_offset=tb_offset)
-
-    shell.set_custom_exc((Exception,), handler)
-    shell._lab_explains_restarts = True
-    return True
+    return explain(_restarting)

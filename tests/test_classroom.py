@@ -13,7 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from lab_backends import learner
 from lab_backends.classroom import roster, settings, spawner
+from lab_backends.classroom.cgroups import LearnerLimits
 from lab_backends.errors import LabBackendsError
 from lab_backends.server import admin
 
@@ -54,9 +56,31 @@ def test_the_hub_config_points_at_triton_and_carries_no_key() -> None:
     assert settings.ClassSettings.from_json(s.to_json()) == s
 
 
+def test_the_hub_config_gives_each_learner_a_sandbox_with_the_class_limits() -> None:
+    limits = LearnerLimits(memory_bytes=3 << 30, tasks=512, cpu_shares=256)
+    s = settings.ClassSettings(8000, 8081, 8082, (9000, 9001, 9002), limits=limits)
+    text = settings.hub_config(s)
+    assert "c.NamespaceSpawner.outward_ports = [8081, 9000, 9001, 9002]" in text  # the hub's API and the door's
+    assert f"c.NamespaceSpawner.learner_memory = {3 << 30}" in text and "learner_tasks = 512" in text
+    assert "learner_cpu_shares = 256" in text
+    assert settings.ClassSettings.from_json(s.to_json()).limits == limits
+
+
+def test_a_learners_sequence_ids_are_their_own_on_a_shared_server() -> None:
+    """Two learners who both pick ID 7 send different correlation IDs; outside a class nothing changes."""
+    ada = {learner.LEARNER_VAR: "ada", learner.TOKEN_VAR: "t"}
+    mine, theirs = learner.sequence_id(7, ada, uid=1001), learner.sequence_id(7, ada, uid=1002)
+    assert mine != theirs and mine % learner.SEQUENCE_SPAN == 7 and mine // learner.SEQUENCE_SPAN == 1001
+    assert learner.sequence_id(7, {}) == 7 and learner.sequence_id(0, ada, uid=1001) == 0  # 0: no sequence
+    assert learner.sequence_id("s-7", ada, uid=1001) == "s-7"  # string IDs pass as they are
+    with pytest.raises(ValueError, match="between 1 and 4294967295"):
+        learner.sequence_id(learner.SEQUENCE_SPAN, ada, uid=1001)
+
+
 def test_the_learner_runs_in_a_new_pid_namespace_as_themselves() -> None:
-    cmd = spawner.namespace_command("root", ["jupyterhub-singleuser"])
+    cmd = spawner.namespace_command("root", ["jupyterhub-singleuser"], [Path("/sys/fs/cgroup/pids/lab-class/ada")])
     assert cmd[:4] == ["unshare", "--pid", "--fork", "--mount-proc"]
+    assert "/sys/fs/cgroup/pids/lab-class/ada" in cmd  # joined by the namespace's first shell, before anything runs
     assert "--reuid=root" in cmd and "--no-new-privs" in cmd and cmd[-1] == "jupyterhub-singleuser"
     assert cmd[-3:-1] == [str(settings.DUMB_INIT), "--"], "the namespace's PID 1 must be dumb-init"
 

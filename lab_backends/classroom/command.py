@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from lab_backends.classroom import supervisor
+from lab_backends.classroom.cgroups import GIB, LearnerLimits
 from lab_backends.classroom.roster import add_learners, read_roster, remove_learners, write_credentials
 from lab_backends.classroom.settings import CLASS_MODELS, STATE_DIR, ClassSettings, private_dir
 from lab_backends.classroom.supervisor import ClassError
@@ -38,6 +39,7 @@ def _start(args: argparse.Namespace) -> int:
         hub_port=args.hub_port, hub_api_port=hub_api, proxy_api_port=proxy_api, triton_ports=tuple(triton),
         group=args.group, models=tuple(args.model or CLASS_MODELS), state_dir=args.state_dir,
         authenticator=args.authenticator, dummy_password=_dummy_password(args.authenticator), learner_env=env,
+        limits=LearnerLimits(int(args.learner_memory * GIB), args.learner_tasks, args.learner_cpu_shares),
     )
     running = supervisor.start(settings)
     return supervisor.supervise(running, settings)
@@ -92,6 +94,13 @@ def add_class_parser(sub: argparse._SubParsersAction) -> None:
     start.add_argument("--authenticator", choices=["pam", "dummy"], default="pam",
                        help="pam: the learners' Unix passwords (default); dummy: tests only, LAB_CLASS_PASSWORD")
     start.add_argument("--learner-env", action="append", metavar="K=V", help="extra environment for learners' servers")
+    defaults = LearnerLimits()
+    start.add_argument("--learner-memory", type=float, metavar="GIB", default=defaults.memory_bytes / GIB,
+                       help=f"GiB per learner, all their processes together (default {defaults.memory_bytes / GIB:g})")
+    start.add_argument("--learner-tasks", type=int, metavar="N", default=defaults.tasks,
+                       help=f"processes and threads per learner (default {defaults.tasks})")
+    start.add_argument("--learner-cpu-shares", type=int, metavar="W", default=defaults.cpu_shares,
+                       help=f"each learner's CPU weight (default {defaults.cpu_shares}: all learners equal)")
     start.set_defaults(func=_start)
 
     stop = actions.add_parser("stop", parents=[common], help="stop the class that `class start` runs")

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab_backends.classroom.cgroups import LearnerLimits
 from lab_backends.paths import BUILD_DIR, PROJECT_ROOT
 from lab_backends.server.admin import CLASS_RESTRICTED  # noqa: F401 - the class's restricted APIs, named here too
 
@@ -46,6 +47,8 @@ class ClassSettings:
     notebooks_dir: Path = PROJECT_ROOT / "notebooks"
     #: Extra environment for the learners' servers (tests: JupyterLab settings); never the admin key.
     learner_env: tuple[tuple[str, str], ...] = ()
+    #: Each learner's cgroup limits (memory, processes and threads, CPU weight): cgroups.py.
+    limits: LearnerLimits = LearnerLimits()
 
     @property
     def triton_http(self) -> str:
@@ -88,7 +91,8 @@ class ClassSettings:
         data = json.loads(text)
         data.update(state_dir=Path(data["state_dir"]), notebooks_dir=Path(data["notebooks_dir"]),
                     triton_ports=tuple(data["triton_ports"]), models=tuple(data["models"]),
-                    learner_env=tuple(tuple(p) for p in data["learner_env"]))
+                    learner_env=tuple(tuple(p) for p in data["learner_env"]),
+                    limits=LearnerLimits(**data.get("limits", {})))
         return cls(**data)
 
 
@@ -128,6 +132,10 @@ c.JupyterHub.cleanup_proxy = True
 c.NamespaceSpawner.class_group = {settings.group!r}
 c.NamespaceSpawner.course_dir = {str(settings.notebooks_dir)!r}
 c.NamespaceSpawner.learners_secret_file = {str(settings.learners_secret_file)!r}
+c.NamespaceSpawner.outward_ports = {[settings.hub_api_port, *settings.triton_ports]!r}
+c.NamespaceSpawner.learner_memory = {settings.limits.memory_bytes}
+c.NamespaceSpawner.learner_tasks = {settings.limits.tasks}
+c.NamespaceSpawner.learner_cpu_shares = {settings.limits.cpu_shares}
 c.Spawner.cmd = [{str(venv_bin / 'jupyterhub-singleuser')!r}]
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~/notebooks"

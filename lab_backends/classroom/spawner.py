@@ -41,6 +41,7 @@ On first start the course notebooks are copied into ``~/notebooks`` (owned by th
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import pwd
@@ -51,12 +52,18 @@ from pathlib import Path
 
 import psutil
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Unicode
+from jupyterhub.utils import random_port
+from traitlets import Integer, List, Unicode
 
 from lab_backends import learner
+from lab_backends.classroom import cgroups
+from lab_backends.classroom.cgroups import LearnerLimits
+from lab_backends.classroom.network import LearnerNetwork, close_network, namespace_name, open_network
 from lab_backends.classroom.settings import DUMB_INIT
 from lab_backends.client.with_key import boot_pythonpath
 
+#: Run by IPython in each of the learner's kernels (``PYTHONSTARTUP``): the class's limits explained.
+KERNEL_STARTUP = Path(__file__).with_name("kernel_startup.py")
 #: What is copied into a learner's home: the lessons and their exercises, not the test hooks.
 _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pycache__")
 
@@ -65,12 +72,14 @@ _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pyc
 #: lives in a folder learners cannot enter (pyenv under /root, mode 0700), a tmpfs (0711) hides that
 #: folder in *this namespace only*, and the interpreter's prefix is bound back at its own path.
 _EXPOSE = """set -e
-base=$1 hidden=$2; shift 2
+base=$1 hidden=$2 groups=$3; shift 3
+for group in $groups; do echo $$ > "$group/cgroup.procs"; done
 mount -t tmpfs -o size=25%,mode=1777,nosuid,nodev lab-class-shm /dev/shm
 if [ -n "$hidden" ]; then
   mount -t tmpfs -o size=1m,mode=0755 lab-class /mnt && mkdir /mnt/python && mount --bind "$base" /mnt/python
   mount -t tmpfs -o size=1m,mode=0711 lab-class "$hidden" && mkdir -p "$base" && mount --bind /mnt/python "$base"
 fi
+umask 077
 exec "$@"
 """
 
@@ -84,11 +93,12 @@ def hidden_interpreter(prefix: str = sys.base_prefix) -> tuple[str, str]:
     return str(base), ""
 
 
-def namespace_command(user: str, command: list[str]) -> list[str]:
-    """``command`` run as ``user`` under ``dumb-init`` in a new PID namespace with its own ``/proc`` (from root)."""
+def namespace_command(user: str, command: list[str], groups: list[Path] = ()) -> list[str]:
+    """``command`` run as ``user`` under ``dumb-init`` in a new PID namespace with its own ``/proc`` (from root),
+    inside the cgroups ``groups`` (:mod:`.cgroups`), with umask 077."""
     base, hidden = hidden_interpreter()
     return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", "--",
-            "sh", "-c", _EXPOSE, "sh", base, hidden,
+            "sh", "-c", _EXPOSE, "sh", base, hidden, " ".join(map(str, groups)),
             "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
             "--inh-caps=-all", "--no-new-privs", "--", str(DUMB_INIT), "--", *command]
 
@@ -121,6 +131,12 @@ class NamespaceSpawner(LocalProcessSpawner):
     course_dir = Unicode("", config=True, help="copied into ~/notebooks on a learner's first start")
     learners_secret_file = Unicode("", config=True, help="the class's secret: each learner's door token is made "
                                    "from it (root only)")
+    outward_ports = List(Integer(), config=True, help="the machine's ports a learner's namespace reaches: the hub's "
+                         "API and the front door's (network.py)")
+    learner_memory = Integer(LearnerLimits.memory_bytes, config=True, help="bytes of memory per learner (cgroups.py)")
+    learner_tasks = Integer(LearnerLimits.tasks, config=True, help="processes and threads per learner")
+    learner_cpu_shares = Integer(LearnerLimits.cpu_shares, config=True, help="each learner's CPU weight")
+    network: LearnerNetwork | None = None
 
     def make_preexec_fn(self, name):
         """Stay root in the child: ``unshare`` needs it, and ``setpriv`` drops to the learner after."""
@@ -130,6 +146,7 @@ class NamespaceSpawner(LocalProcessSpawner):
         env = super().user_env(env)
         env["SHELL"] = "/bin/bash"  # the account's login shell is nologin: the hub is the only way in
         env["LAB_RUNS_DIR"] = str(Path(env["HOME"]) / ".lab-backends" / "runs")  # their own Triton's runs
+        env["PYTHONSTARTUP"] = str(KERNEL_STARTUP)  # every kernel explains the class's limits (limits_notice.py)
         if self.learners_secret_file:
             secret = Path(self.learners_secret_file).read_text(encoding="utf-8").strip()
             env[learner.LEARNER_VAR] = self.user.name
@@ -146,12 +163,43 @@ class NamespaceSpawner(LocalProcessSpawner):
         if self.course_dir and copy_course(Path(self.course_dir), home, name):
             self.log.info("copied the course notebooks into %s/notebooks", home)
         self.popen_kwargs = {**self.popen_kwargs, "cwd": str(home)}
+        await self.close_sandbox()  # a previous server's, if the hub lost track of it
+        self.port = random_port()  # bound twice: inside the learner's namespace, and by the proxy's forwarder here
+        limits = LearnerLimits(self.learner_memory, self.learner_tasks, self.learner_cpu_shares)
         plain = list(self.cmd)
-        self.cmd = namespace_command(name, plain)
         try:
+            groups = await asyncio.to_thread(cgroups.create, name, limits)
+            self.network = await asyncio.to_thread(open_network, name, [self.port], list(self.outward_ports))
+            self.cmd = [*self.network.enter(), *namespace_command(name, plain, groups)]
+            self.log.info("%s's sandbox: network namespace %s, limits %s", name, self.network.name, limits.describe())
             return await super().start()
+        except BaseException:
+            await self.close_sandbox()
+            raise
         finally:
             self.cmd = plain
+
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        await self.close_sandbox()
+
+    async def close_sandbox(self) -> None:
+        """The learner's forwarders, network namespace and cgroups, removed (idempotent; by PID and by name)."""
+        network = self.network or LearnerNetwork(namespace_name(self.user.name))
+        await asyncio.to_thread(close_network, network)
+        await asyncio.to_thread(cgroups.remove, self.user.name)
+        self.network = None
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.network is not None:
+            state["network"] = self.network.to_state()  # a restarted hub can still stop the forwarders
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if "network" in state:
+            self.network = LearnerNetwork.from_state(state["network"])
 
     def namespace_init(self) -> int | None:
         """The host PID of the namespace's first process (``dumb-init``), if it runs."""

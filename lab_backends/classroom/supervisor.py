@@ -36,6 +36,8 @@ from typing import Callable
 import psutil
 
 from lab_backends import learner, rest
+from lab_backends.classroom import cgroups
+from lab_backends.classroom.network import LearnerNetwork, close_network, namespace_name
 from lab_backends.classroom.roster import RosterError, kill_processes_of, require_root
 from lab_backends.classroom.settings import (
     CLASS_RESTRICTED,
@@ -98,9 +100,13 @@ def preflight(settings: ClassSettings) -> None:
         nginx_binary()  # the shared Triton's front door
     except FrontDoorError as exc:
         raise ClassError(str(exc).replace("make door-deps", "make class")) from None
-    for tool in ("unshare", "setpriv"):
+    for tool, package in (("unshare", "util-linux"), ("setpriv", "util-linux"), ("nsenter", "util-linux"),
+                          ("ip", "iproute2"), ("socat", "socat")):
         if shutil.which(tool) is None:
-            raise ClassError(f"{tool} is missing (util-linux): install it; each learner's server runs under it")
+            raise ClassError(f"{tool} is missing: install {package} (`make class` installs socat); each learner's "
+                             "server runs under it")
+    for controller in cgroups.CONTROLLERS:
+        cgroups.own_group(controller)  # LimitsError says what is missing
     try:
         grp.getgrnam(settings.group)
     except KeyError:
@@ -189,8 +195,11 @@ def _remember(running: Running) -> None:
 
 def _write_pids(running: Running, settings: ClassSettings) -> None:
     """What ``class stop`` (another process) reads: the supervisor and its children's current PIDs."""
-    (settings.state_dir / PIDS_FILE).write_text(json.dumps(
-        {"supervisor": running.supervisor, "triton": running.triton.pid, "hub": running.hub.pid}))
+    path = settings.state_dir / PIDS_FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"supervisor": running.supervisor, "triton": running.triton.pid,
+                                   "hub": running.hub.pid}))
+    os.replace(partial, path)  # whole or not at all: a reader never sees it half-written (a fresh clone's test did)
 
 
 def supervise(running: Running, settings: ClassSettings, say: Callable[[str], None] = print,
@@ -249,13 +258,16 @@ def _stop_child(child: subprocess.Popen, grace_s: float) -> None:
             child.wait(timeout=10)
 
 
-def learner_uids(group: str) -> list[int]:
+def learner_names(group: str) -> list[str]:
     try:
-        entry = grp.getgrnam(group)
+        return list(grp.getgrnam(group).gr_mem)
     except KeyError:
         return []
+
+
+def learner_uids(group: str) -> list[int]:
     uids = []
-    for name in entry.gr_mem:
+    for name in learner_names(group):
         try:
             uids.append(pwd.getpwnam(name).pw_uid)
         except KeyError:
@@ -272,6 +284,12 @@ def stop(running: Running, settings: ClassSettings, say: Callable[[str], None] =
     for uid in learner_uids(settings.group):
         if kill_processes_of(uid):
             say(f"killed what the hub left of uid {uid}'s processes")
+    for name in learner_names(settings.group):  # what the hub's spawners left of the learners' sandboxes
+        close_network(LearnerNetwork(namespace_name(name)))
+        try:
+            cgroups.remove(name)
+        except cgroups.LimitsError as exc:
+            say(str(exc))
     _stop_child(running.triton, 40.0)
     say(f"the shared Triton stopped ({time.monotonic() - t0:.1f} s)")
     left = [p for p in map(_process, sorted(running.seen)) if p is not None]

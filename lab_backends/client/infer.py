@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from lab_backends import learner
 from lab_backends.client.limits import check_inputs
 from lab_backends.client.wire import triton_dtype
 from lab_backends.server.running import RunningServer
@@ -63,8 +64,11 @@ def infer(
     """Run one inference and return every (or the named) output as numpy arrays.
 
     ``server`` is a :class:`~lab_backends.server.triton_server.TritonServer`; pass ``client`` to reuse your own.
-    Extra keyword arguments (``sequence_id``, ``headers``, ...) go to ``client.infer``.
+    Extra keyword arguments (``sequence_id``, ``headers``, ...) go to ``client.infer``; in a class, a
+    ``sequence_id`` is sent in the learner's own range (``learner.sequence_id``: no two learners share one).
     """
+    if "sequence_id" in kwargs:
+        kwargs["sequence_id"] = learner.sequence_id(kwargs["sequence_id"])
     module = _module(protocol)
     client = client or (server.grpc_client if protocol == "grpc" else server.http_client)
     requested = None

@@ -33,7 +33,7 @@ from browser.test_lab_in_browser import CHROMIUM, LAB_SETTINGS, _skip_without_ch
 from lab_backends.classroom.settings import PROXY_BIN  # noqa: E402
 from lab_backends.server.ports import free_ports  # noqa: E402
 
-MODELS = ("cost_model", "echo")
+MODELS = ("cost_model", "echo", "running_mean")  # lesson 01's two, and the sequence model (test_sandbox)
 START_DEADLINE_S = 240
 
 
@@ -88,6 +88,10 @@ def _skip_unless_possible() -> None:
         pytest.skip(f"configurable-http-proxy is missing at {PROXY_BIN}: `make class-deps` installs it (npm)")
     if not (BIN / "jupyterhub").exists():
         pytest.skip("jupyterhub is not installed: `pip install -e '.[class]'` (make test does)")
+    if shutil.which("socat") is None:
+        missing = ROOT / "test-artifacts" / "class" / "socat-missing.txt"
+        pytest.skip(missing.read_text().strip() if missing.exists() else
+                    "socat is missing: `make class-deps` installs it (each learner's network namespace needs it)")
     _skip_without_chromium()
     assert CHROMIUM.exists()
 

@@ -1,0 +1,134 @@
+"""Each learner's share of the machine: a cgroup per learner for memory, processes and CPU (cgroup v1).
+
+Why: without limits one learner's 6 GiB array or fork bomb takes the machine from everyone (issue
+38: a 6 GiB hog and 1,500 processes ran unchecked). The kernel's cgroups bound a group of processes
+whatever they do, and every process a learner starts descends from their server, which starts inside
+their group: a learner cannot leave it (``cgroup.procs`` is root's).
+
+The three controllers, as this machine mounts them (cgroup v1, one hierarchy each under
+``/sys/fs/cgroup/<controller>``; the kernel's ``Documentation/admin-guide/cgroup-v1/``):
+
+* **memory** ``memory.limit_in_bytes``: past it the kernel reclaims, then its OOM killer stops the
+  group's largest process (a kernel, or the learner's embedded Triton); ``memory.oom_control``
+  counts those kills (``oom_kill``), which is how the learner's next cell can say what happened;
+* **pids** ``pids.max``: a fork or a new thread past it fails with EAGAIN (threads count: Triton, its
+  stubs and the frameworks' thread pools are most of a learner's tasks); ``pids.events`` counts the
+  refusals;
+* **cpu** ``cpu.shares``: a weight, not a cap. Every learner's group gets the same, so under
+  contention a learner with 200 busy threads gets no more CPU than one with two, and an idle
+  machine is still all theirs.
+
+Sizes (:class:`LearnerLimits`, from docs/scale.md's footprints): a learner's heaviest lesson (05, the
+three framework stubs) peaks at about 1.9 GB with JupyterLab, so 4 GiB leaves room for the kernel's
+own arrays. The process limit counts tasks (threads too), see :data:`DEFAULT_TASKS`.
+
+Each learner's groups sit under the hub's own (``/proc/self/cgroup``): on a machine that puts the
+class inside a group of its own, the learners stay inside it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab_backends.errors import LabBackendsError
+from lab_backends.waiting import poll
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids", "cpu")
+PARENT = "lab-class"
+GIB = 1 << 30
+#: Tasks (processes and threads) a learner may hold. Measured here (2 cores): lesson 05 under nbval, its
+#: kernel, embedded Triton and three framework stubs, peaked at 7 processes and 185 tasks (1.7 GiB); with
+#: JupyterLab's own threads a learner stays near 250. 1024 is 4x that; thread pools grow with cores, so
+#: raise it on bigger machines (``class start --learner-tasks``).
+DEFAULT_TASKS = 1024
+
+
+class LimitsError(LabBackendsError):
+    """A learner's cgroups could not be made or removed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LearnerLimits:
+    """What each learner may use (``class start --learner-memory/--learner-tasks/--learner-cpu-shares``)."""
+
+    memory_bytes: int = 4 * GIB
+    tasks: int = DEFAULT_TASKS
+    cpu_shares: int = 1024  #: the kernel's default weight: every learner weighs the same
+
+    def describe(self) -> str:
+        return (f"{self.memory_bytes / GIB:g} GiB of memory, {self.tasks} processes and threads, "
+                f"CPU shares {self.cpu_shares}")
+
+
+def own_group(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> Path:
+    """This process's group of ``controller`` (cgroup v1), as a folder under ``/sys/fs/cgroup``."""
+    for line in Path(proc_cgroup).read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return CGROUP_FS / controller / path.lstrip("/")
+    raise LimitsError(f"no cgroup v1 '{controller}' hierarchy for this process ({proc_cgroup}): a class's learner "
+                      f"limits need cgroup v1's memory, pids and cpu controllers mounted under {CGROUP_FS}")
+
+
+def learner_groups(user: str) -> list[Path]:
+    """The learner's group in each controller (under this process's own group)."""
+    return [own_group(c) / PARENT / user for c in CONTROLLERS]
+
+
+def create(user: str, limits: LearnerLimits) -> list[Path]:
+    """The learner's groups, made (a stale one emptied and made again) and limited; their folders."""
+    remove(user)
+    groups = learner_groups(user)
+    values = {"memory": {"memory.limit_in_bytes": limits.memory_bytes},
+              "pids": {"pids.max": limits.tasks},
+              "cpu": {"cpu.shares": limits.cpu_shares}}
+    try:
+        for controller, group in zip(CONTROLLERS, groups):
+            group.mkdir(parents=True, exist_ok=True)
+            for name, value in values[controller].items():
+                (group / name).write_text(str(value))
+    except OSError as exc:
+        remove(user)
+        raise LimitsError(f"could not limit {user}'s processes ({exc}): class start needs root and writable "
+                          f"cgroup v1 controllers under {CGROUP_FS}") from None
+    return groups
+
+
+def remove(user: str, timeout_s: float = 10.0) -> None:
+    """Kill what is left in the learner's groups (by PID) and remove them; idempotent."""
+    for group in learner_groups(user):
+        if not group.is_dir():
+            continue
+        for pid in members(group):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        poll(lambda: members(group), lambda left: not left, timeout_s, 0.05)
+        try:
+            group.rmdir()
+        except OSError as exc:
+            raise LimitsError(f"could not remove {group} ({exc}): processes {members(group)} are still in it") from None
+
+
+def members(group: Path) -> list[int]:
+    try:
+        return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def counter(path: Path, name: str) -> int:
+    """A ``name value`` line of a cgroup file (``oom_kill`` of memory.oom_control, ``max`` of pids.events)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except OSError:
+        pass
+    return 0
