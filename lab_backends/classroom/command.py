@@ -14,6 +14,7 @@ from pathlib import Path
 from lab_backends.classroom import supervisor
 from lab_backends.classroom.cgroups import GIB, LearnerLimits
 from lab_backends.classroom.roster import add_learners, read_roster, remove_learners, write_credentials
+from lab_backends.classroom.sandboxed_replay import SandboxedReplay
 from lab_backends.classroom.settings import CLASS_MODELS, STATE_DIR, ClassSettings, private_dir
 from lab_backends.classroom.supervisor import ClassError
 from lab_backends.measure import class_latency
@@ -74,7 +75,8 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.learners.split(",")]
-    result = class_latency.measure(counts, args.notebooks.split(","), out=args.out)
+    sandboxed = SandboxedReplay(LearnerLimits()) if args.sandboxed else None
+    result = class_latency.measure(counts, args.notebooks.split(","), out=args.out, sandboxed=sandboxed)
     print(class_latency.report(result))
     return 0
 
@@ -113,5 +115,7 @@ def add_class_parser(sub: argparse._SubParsersAction) -> None:
     measure = actions.add_parser("measure", help="shared-server latency for N learners vs plan-class")
     measure.add_argument("--learners", default="1,3,6", help="learner counts (default 1,3,6)")
     measure.add_argument("--notebooks", default="01_rest_and_grpc", help="whose recorded requests to replay")
+    measure.add_argument("--sandboxed", action="store_true",
+                         help="also replay each learner from a class sandbox (network namespace, limits; root)")
     measure.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "scale" / "one_machine.json")
     measure.set_defaults(func=_measure)

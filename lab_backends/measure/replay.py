@@ -12,6 +12,8 @@ request is due), as the simulator assumes. Bounded: at most ``max_requests`` per
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import time
 from typing import Any, Iterable, Sequence
@@ -22,6 +24,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from lab_backends.errors import LabBackendsError
+from lab_backends.server.triton_server import TritonServer
 
 INTERVAL_S = 0.5
 
@@ -79,11 +82,13 @@ def _learner(url: str, stream: Sequence[tuple[float, str, int]], inputs: dict[st
 
 
 def replay(server: Any, streams: Iterable[Sequence[tuple[float, str, int]]], max_requests: int = 5000,
-           deadline_s: float = 300.0) -> tuple[list[tuple[str, float, float]], list[str]]:
+           deadline_s: float = 300.0, t0: float | None = None) -> tuple[list[tuple[str, float, float]], list[str]]:
     """Send every learner's stream at once; returns ((model, latency s, sent at s) per answer, errors).
 
     ``sent at`` is when the request really left (a busy client falls behind the recorded pace), so
-    the simulator can be given the arrivals the server actually saw.
+    the simulator can be given the arrivals the server actually saw. ``t0``: when the streams start
+    (``time.monotonic()``, one clock for every process of the machine: learners replayed by separate
+    processes start together); half a second from now by default.
     """
     streams = [list(s) for s in streams]
     models = sorted({m for s in streams for _, m, _ in s})
@@ -92,7 +97,7 @@ def replay(server: Any, streams: Iterable[Sequence[tuple[float, str, int]]], max
     inputs = {m: example_inputs(server, m) for m in models}
     latencies: list[tuple[str, float, float]] = []
     errors: list[str] = []
-    t0 = time.monotonic() + 0.5
+    t0 = time.monotonic() + 0.5 if t0 is None else t0
     threads = []
     for stream in streams:
         pending = [0]
@@ -103,3 +108,18 @@ def replay(server: Any, streams: Iterable[Sequence[tuple[float, str, int]]], max
     for thread in threads:
         thread.join(timeout=max(0.0, t0 + deadline_s - time.monotonic()))
     return latencies, errors
+
+
+def main(argv: Sequence[str] = sys.argv[1:]) -> int:
+    """``python -m lab_backends.measure.replay STREAM.json T0``: one learner's stream against ``TRITON_URL``'s
+    server (the remote target), starting at monotonic time ``T0``; the answers as JSON on stdout. What
+    ``class measure --sandboxed`` runs inside each simulated learner's sandbox."""
+    stream = [tuple(row) for row in json.loads(open(argv[0], encoding="utf-8").read())]
+    server = TritonServer(target="remote").start()
+    latencies, errors = replay(server, [stream], t0=float(argv[1]))
+    print(json.dumps({"latencies": latencies, "errors": errors}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
