@@ -17,9 +17,10 @@ that file in every kernel it starts, ``InteractiveShellApp.exec_PYTHONSTARTUP``)
   learner's embedded Triton, when that was the process stopped) prints the error's first line and
   that one.
 
-A kernel that holds a gRPC client (every lesson's) can hang when it forks at the task limit itself:
-gRPC's fork handlers retry creating their threads (seen here: ``thd.cc pthread_create failed``); the
-notice then says how to get out (restart the kernel, or stop and start the server).
+A kernel that holds a gRPC client (every lesson's) stopped answering when it forked at the task limit
+itself (seen here: gRPC's threads logged ``thd.cc pthread_create failed`` with growing pauses; why the
+kernel then hangs was not traced), so the notice also says how to get out (restart the kernel, or
+stop and start the server).
   What was last reported is kept in ``~/.lab-backends/limits-seen.json``, per group (the group is
   made anew with each start of the learner's server, and its counters with it).
 """

@@ -84,7 +84,7 @@ print(json.dumps({"ok": ok, "failed": failed[:5]}))
 """
 #: In C's kernel, as a learner would start one: a fork bomb in a process of its own (``python bomb.py``), bounded by
 #: us: it forks until refused, holds its children 4 s (A and B send meanwhile), then stops them. The kernel itself
-#: does not fork at the limit: one holding a gRPC client (lesson 01's) hangs when it does (limits_notice.py).
+#: does not fork at the limit: one holding a gRPC client (lesson 01's) stopped answering when it did (limits_notice.py).
 _BOMB = """
 import os, time
 kids = []
