@@ -74,6 +74,15 @@ def own_group(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> Path:
                       f"limits need cgroup v1's memory, pids and cpu controllers mounted under {CGROUP_FS}")
 
 
+#: Joins the groups named in ``$0`` (their folders, space-separated), then runs the rest of its command line.
+_JOIN = 'for g in $0; do echo $$ > "$g/cgroup.procs"; done; exec "$@"'
+
+
+def join_command(groups: list[Path]) -> list[str]:
+    """A command prefix that runs the rest of the command inside ``groups`` (what the spawner's first shell does)."""
+    return ["sh", "-c", _JOIN, " ".join(map(str, groups))]
+
+
 def learner_groups(user: str) -> list[Path]:
     """The learner's group in each controller (under this process's own group)."""
     return [own_group(c) / PARENT / user for c in CONTROLLERS]

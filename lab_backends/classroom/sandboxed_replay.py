@@ -27,8 +27,6 @@ from lab_backends.classroom.network import LearnerNetwork, close_network, open_n
 from lab_backends.classroom.roster import require_root
 from lab_backends.paths import PROJECT_ROOT
 
-#: Joins the cgroups named in ``$0``, then runs the rest of the command line (as the spawner's first shell does).
-_JOIN = 'for g in $0; do echo $$ > "$g/cgroup.procs"; done; exec "$@"'
 #: Time for every learner's interpreter to start before their streams begin together.
 START_S = 10.0
 
@@ -56,7 +54,7 @@ class SandboxedReplay:
                     groups = cgroups.create(name, self.limits)
                     nets.append(open_network(name, inward=[], outward=[http, grpc]))
                     procs.append(subprocess.Popen(
-                        ["sh", "-c", _JOIN, " ".join(map(str, groups)), *nets[-1].enter(), sys.executable, "-m",
+                        [*cgroups.join_command(groups), *nets[-1].enter(), sys.executable, "-m",
                          "lab_backends.measure.replay", str(stream_file), str(t0)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
                 return _collect(procs)

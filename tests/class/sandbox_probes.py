@@ -19,8 +19,6 @@ from lab_backends.classroom.network import NETNS_DIR, namespace_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
-#: Joins the learner's cgroups (``$0``: their folders), then runs the rest of the command line.
-_JOIN = 'for g in $0; do echo $$ > "$g/cgroup.procs"; done; exec "$@"'
 
 
 def server_environ(pid: int) -> dict[str, str]:
@@ -32,11 +30,11 @@ def server_environ(pid: int) -> dict[str, str]:
 def learner_command(name: str, server: int, code: str, *args: str) -> dict:
     """``subprocess`` arguments that run Python ``code`` as ``name`` in the namespaces (PID, mount, network) and
     cgroups of their server ``server``, with its environment."""
-    groups = " ".join(map(str, cgroups.learner_groups(name)))
     enter = ["nsenter", f"--target={server}", "--pid", "--mount", "--net", "--"]
     drop = ["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--"]
     env = server_environ(server)
-    return {"args": ["sh", "-c", _JOIN, groups, *enter, *drop, str(PY), "-c", code, *args], "env": env,
+    return {"args": [*cgroups.join_command(cgroups.learner_groups(name)), *enter, *drop, str(PY), "-c", code, *args],
+            "env": env,
             "cwd": env.get("HOME", "/"), "text": True}
 
 

@@ -170,8 +170,7 @@ finally:
 
 
 def _in_groups(groups: list[Path], code: str, *args: str) -> subprocess.CompletedProcess:
-    attach = 'for g in $0; do echo $$ > $g/cgroup.procs; done; exec "$@"'
-    return subprocess.run(["sh", "-c", attach, " ".join(map(str, groups)), sys.executable, "-c", code, *args],
+    return subprocess.run([*cgroups.join_command(groups), sys.executable, "-c", code, *args],
                           capture_output=True, text=True, timeout=60)
 
 
