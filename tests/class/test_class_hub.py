@@ -84,12 +84,18 @@ def _open_and_run(page: Any, room: Any, name: str) -> Any:
     first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
     dialogs: list[str] = []
     for attempt in range(3):
-        # A JupyterLab dialog (seen once in a fresh clone: a learner's retry timed out behind one) would take the
-        # click: its text is kept for the failure message, and Escape dismisses it.
+        # A JupyterLab dialog would take the click: its text is kept for the failure message. "Select Kernel" (seen
+        # in fresh clones when the lesson opened before JupyterLab knew its kernels) is answered as a learner
+        # would, with its Select button (Python 3); any other is dismissed with Escape.
         dialog = page.locator(".jp-Dialog")
         if dialog.count() and dialog.first.is_visible():
-            dialogs.append(dialog.first.inner_text()[:300])
-            page.keyboard.press("Escape")
+            text = dialog.first.inner_text()
+            dialogs.append(text[:300])
+            if text.startswith("Select Kernel"):
+                dialog.first.locator(".jp-mod-accept").click()
+                _wait(f"{name}'s kernel", lambda: _kernel_idle(page), 90)
+            else:
+                page.keyboard.press("Escape")
         try:
             stop_cell.locator(".jp-InputPrompt").click(timeout=15_000)
             _run_menu(page, "Run All Above Selected Cell")
