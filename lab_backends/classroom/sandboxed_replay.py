@@ -34,9 +34,9 @@ START_S = 10.0
 class SandboxedReplay:
     """A :data:`lab_backends.measure.class_latency.Replayer` that puts each learner in a sandbox."""
 
-    def __init__(self, limits: LearnerLimits) -> None:
+    def __init__(self, limits: LearnerLimits, start_s: float = START_S) -> None:
         require_root("class measure --sandboxed")
-        self.limits = limits
+        self.limits, self.start_s = limits, start_s
 
     def __call__(self, server: Any, stream: list, n: int) -> tuple[list[tuple[str, float, float]], list[str]]:
         http, grpc = (int(url.rpartition(":")[2]) for url in (server.http_url, server.grpc_url))
@@ -48,7 +48,7 @@ class SandboxedReplay:
             stream_file.write_text(json.dumps(stream))
             env = {**os.environ, "TRITON_URL": f"http://127.0.0.1:{http}", "TRITON_GRPC_URL": f"127.0.0.1:{grpc}",
                    "PYTHONPATH": str(PROJECT_ROOT)}
-            t0 = time.monotonic() + START_S
+            t0 = time.monotonic() + self.start_s
             try:
                 for name in names:
                     groups = cgroups.create(name, self.limits)
