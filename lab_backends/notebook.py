@@ -166,6 +166,19 @@ def check_claims(data: T, claims: list[Claim], *, remeasure: Callable[[float], T
 RESTARTING = "not answering behind the front door"
 
 
+def ipython_shell() -> Any:
+    """This kernel's IPython shell, or None outside IPython.
+
+    IPython puts ``get_ipython`` among the builtins only while a cell's code runs; its event callbacks
+    (``pre_run_cell``, where the class's limit notices are installed) run outside that, so the loaded
+    IPython module is asked too.
+    """
+    found = getattr(builtins, "get_ipython", None)
+    if found is None and "IPython" in sys.modules:
+        found = sys.modules["IPython"].get_ipython
+    return found() if found is not None else None
+
+
 def explain(explainer: Callable[[BaseException], str | None]) -> bool:
     """In a notebook kernel: an error ``explainer`` recognizes prints its one line instead of a traceback.
 
@@ -175,7 +188,7 @@ def explain(explainer: Callable[[BaseException], str | None]) -> bool:
     as IPython shows it. Registered once per explainer per kernel; outside IPython it does nothing
     and returns False (also when this explainer was already registered).
     """
-    shell = getattr(builtins, "get_ipython", lambda: None)()
+    shell = ipython_shell()
     if shell is None:
         return False
     explainers = getattr(shell, "_lab_explainers", None)

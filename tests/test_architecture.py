@@ -51,6 +51,9 @@ DEFERRABLE: dict[str, str] = {
     "ipycanvas": "~0.3 s; only the drawing pad built in a notebook needs it",
     "docker": "the Docker SDK, for the docker target only; every TritonServer imports server/docker.py",
     "tritonclient.http": "gevent-based (~0.1 s): `lab-backends --help` imports the server layer and the client package",
+    "lab_backends.classroom.limits_notice": "kernel_startup.py runs at every learner kernel's start, where importing "
+                                            "lab_backends (tritonclient, gRPC) would lengthen the start; it waits for "
+                                            "the first cell",
 }
 
 

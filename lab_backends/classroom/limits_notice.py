@@ -27,7 +27,6 @@ stop and start the server).
 
 from __future__ import annotations
 
-import builtins
 import json
 import sys
 from pathlib import Path
@@ -73,7 +72,7 @@ class Notices:
         line = self.tasks_refused()
         return f"{type(value).__name__}: {line}" if line else None
 
-    def memory(self, value: BaseException) -> str | None:
+    def memory_error(self, value: BaseException) -> str | None:
         """An error raised after the memory limit stopped a process (the learner's embedded Triton, say)."""
         line = self.memory_kills()
         if not line:
@@ -111,19 +110,26 @@ def _say(lines: list[str | None]) -> None:
             print(line, file=sys.stderr)
 
 
-def install() -> bool:
-    """Register the notices in this IPython kernel; False outside IPython or outside a learner's limits."""
-    shell = getattr(builtins, "get_ipython", lambda: None)()
+def install(first_cell: bool = False) -> bool:
+    """Register the notices in this IPython kernel; False outside IPython or outside a learner's limits.
+
+    ``first_cell``: called from the kernel's first ``pre_run_cell`` (``kernel_startup.py``): the
+    first-cell notice runs now instead of waiting for the next cell.
+    """
+    shell = notebook.ipython_shell()
     notices = Notices()
     if shell is None or (notices.pids is None and notices.memory is None):
         return False
     notebook.explain(notices.tasks)
-    notebook.explain(notices.memory)
+    notebook.explain(notices.memory_error)
 
-    def first_cell(*_: object) -> None:
-        shell.events.unregister("pre_run_cell", first_cell)
-        _say([notices.memory_kills()])  # the previous kernel's death, if the memory limit was its cause
-
-    shell.events.register("pre_run_cell", first_cell)
     shell.events.register("post_run_cell", lambda *_: _say(notices.after_cell()))
+    if first_cell:
+        _say([notices.memory_kills()])  # the previous kernel's death, if the memory limit was its cause
+    else:
+        def on_first_cell(*_: object) -> None:
+            shell.events.unregister("pre_run_cell", on_first_cell)
+            _say([notices.memory_kills()])
+
+        shell.events.register("pre_run_cell", on_first_cell)
     return True

@@ -18,7 +18,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psutil
 import pytest
@@ -54,12 +53,7 @@ def _login(browser: Any, room: Any, name: str) -> tuple[Any, Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)
-    # Straight to the lesson after the login (JupyterHub's `next`, through /hub/spawn: since JupyterHub 4,
-    # /user/NAME of a stopped server answers 424 instead of spawning it): one JupyterLab load. Opening /lab first
-    # and then the lesson raced the first page's saved workspace (a Launcher) against the lesson: twice in a day
-    # the lesson closed again, or its kernel was started twice and one of them never answered.
-    spawn = f"/hub/spawn?next={quote(f'/user/{name}/lab/tree/{NOTEBOOK}', safe='')}"
-    page.goto(f"{room.hub_url}/hub/login?next={quote(spawn, safe='')}")
+    page.goto(f"{room.hub_url}/hub/login")
     page.fill("#username_input", name)
     page.fill("#password_input", room.learners[name])
     page.click("#login_submit")
@@ -77,7 +71,9 @@ def _open_and_run(page: Any, room: Any, name: str) -> Any:
     """Wait for the learner's lab, open lesson 01 (their own copy), run every cell above :data:`STOP_AT`."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.wait_for_url(f"**/user/{name}/lab/tree/{NOTEBOOK}**", timeout=120_000)
+    page.wait_for_url(f"**/user/{name}/lab**", timeout=120_000)
+    page.locator("#jp-main-dock-panel").wait_for(timeout=90_000)  # this JupyterLab is up before the next one loads
+    page.goto(f"{room.hub_url}/user/{name}/lab/tree/{NOTEBOOK}")
     page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=90_000)
     _wait(f"{name}'s kernel", lambda: _kernel_idle(page), 90)
     stop_cell = page.locator(".jp-CodeCell", has_text=STOP_AT).last
