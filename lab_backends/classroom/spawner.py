@@ -36,6 +36,12 @@ Who is who at the front door: the server's environment carries the learner's nam
 ``with_key`` boot folder first on ``PYTHONPATH``, so every tritonclient call and every
 ``rest.request`` of the learner's kernels carries them; the door counts the request as theirs.
 
+Around all this, each learner's sandbox (issue 38): the server starts inside the learner's cgroups
+(``cgroups.py``: memory, tasks, CPU weight) and network namespace (``network.py``: only the hub's
+API and the front door out, only their JupyterLab in), with umask 077; both are made before it
+starts and removed after it stops, and its kernels explain a limit that stopped something
+(``PYTHONSTARTUP``: ``kernel_startup.py``).
+
 On first start the course notebooks are copied into ``~/notebooks`` (owned by the learner).
 """
 
@@ -72,8 +78,7 @@ _NOT_COPIED = shutil.ignore_patterns("conftest.py", ".ipynb_checkpoints", "__pyc
 #: lives in a folder learners cannot enter (pyenv under /root, mode 0700), a tmpfs (0711) hides that
 #: folder in *this namespace only*, and the interpreter's prefix is bound back at its own path.
 _EXPOSE = """set -e
-base=$1 hidden=$2 groups=$3; shift 3
-for group in $groups; do echo $$ > "$group/cgroup.procs"; done
+base=$1 hidden=$2; shift 2
 mount -t tmpfs -o size=25%,mode=1777,nosuid,nodev lab-class-shm /dev/shm
 if [ -n "$hidden" ]; then
   mount -t tmpfs -o size=1m,mode=0755 lab-class /mnt && mkdir /mnt/python && mount --bind "$base" /mnt/python
@@ -93,12 +98,12 @@ def hidden_interpreter(prefix: str = sys.base_prefix) -> tuple[str, str]:
     return str(base), ""
 
 
-def namespace_command(user: str, command: list[str], groups: list[Path] = ()) -> list[str]:
+def namespace_command(user: str, command: list[str]) -> list[str]:
     """``command`` run as ``user`` under ``dumb-init`` in a new PID namespace with its own ``/proc`` (from root),
-    inside the cgroups ``groups`` (:mod:`.cgroups`), with umask 077."""
+    with umask 077."""
     base, hidden = hidden_interpreter()
     return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", "--",
-            "sh", "-c", _EXPOSE, "sh", base, hidden, " ".join(map(str, groups)),
+            "sh", "-c", _EXPOSE, "sh", base, hidden,
             "setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
             "--inh-caps=-all", "--no-new-privs", "--", str(DUMB_INIT), "--", *command]
 
@@ -170,7 +175,7 @@ class NamespaceSpawner(LocalProcessSpawner):
         try:
             groups = await asyncio.to_thread(cgroups.create, name, limits)
             self.network = await asyncio.to_thread(open_network, name, [self.port], list(self.outward_ports))
-            self.cmd = [*self.network.enter(), *namespace_command(name, plain, groups)]
+            self.cmd = [*cgroups.join_command(groups), *self.network.enter(), *namespace_command(name, plain)]
             self.log.info("%s's sandbox: network namespace %s, limits %s", name, self.network.name, limits.describe())
             return await super().start()
         except BaseException:
