@@ -20,7 +20,7 @@ def _lab_install_limits_notices(*_):
     _lab_shell().events.unregister("pre_run_cell", _lab_install_limits_notices)
     from lab_backends.classroom import limits_notice  # deferred on purpose: see the module docstring
 
-    limits_notice.install(first_cell=True)
+    limits_notice.install()
 
 
 if _lab_shell() is not None:

@@ -4,8 +4,8 @@ A learner who hits a limit (``cgroups.py``) would otherwise see only the kernel'
 refused with ``BlockingIOError: [Errno 11] Resource temporarily unavailable``, or JupyterLab's
 "the kernel appears to have died" after the memory cgroup's OOM killer stopped it, and nothing
 that says a class limit did it, which limit, or what to do. So every learner kernel runs
-:func:`install` at start (the spawner sets ``PYTHONSTARTUP`` to ``kernel_startup.py``; IPython runs
-that file in every kernel it starts, ``InteractiveShellApp.exec_PYTHONSTARTUP``):
+:func:`install` before its first cell (the spawner sets ``PYTHONSTARTUP`` to ``kernel_startup.py``;
+IPython runs that file in every kernel it starts, ``InteractiveShellApp.exec_PYTHONSTARTUP``):
 
 * after each cell, one line when the learner's ``pids.events`` count of refused forks and threads
   grew since the kernel last said so (a fork bomb the cell started as a process of its own, say);
@@ -15,14 +15,13 @@ that file in every kernel it starts, ``InteractiveShellApp.exec_PYTHONSTARTUP``)
   first: a process of the learner's (often their previous kernel) was stopped by the memory limit;
   so does the end of a cell during which it grew, and an error raised after it grew (a call to the
   learner's embedded Triton, when that was the process stopped) prints the error's first line and
-  that one.
+  that one. What was last reported is kept in ``~/.lab-backends/limits-seen.json``, per group (the
+  group is made anew with each start of the learner's server, and its counters with it).
 
 A kernel that holds a gRPC client (every lesson's) stopped answering when it forked at the task limit
 itself (seen here: gRPC's threads logged ``thd.cc pthread_create failed`` with growing pauses; why the
 kernel then hangs was not traced), so the notice also says how to get out (restart the kernel, or
 stop and start the server).
-  What was last reported is kept in ``~/.lab-backends/limits-seen.json``, per group (the group is
-  made anew with each start of the learner's server, and its counters with it).
 """
 
 from __future__ import annotations
@@ -85,6 +84,8 @@ class Notices:
         if self.memory is None:
             return None
         kills = counter(self.memory / "memory.oom_control", "oom_kill")
+        if kills == 0:
+            return None  # the common case, after every cell: no file to read
         key = f"{self.memory}@{self.memory.stat().st_ino}"
         try:
             seen = json.loads(SEEN.read_text())
@@ -110,11 +111,11 @@ def _say(lines: list[str | None]) -> None:
             print(line, file=sys.stderr)
 
 
-def install(first_cell: bool = False) -> bool:
-    """Register the notices in this IPython kernel; False outside IPython or outside a learner's limits.
+def install() -> bool:
+    """Register the notices in this IPython kernel and say what stopped its predecessor, if a limit did.
 
-    ``first_cell``: called from the kernel's first ``pre_run_cell`` (``kernel_startup.py``): the
-    first-cell notice runs now instead of waiting for the next cell.
+    Called from the kernel's first ``pre_run_cell`` (``kernel_startup.py``), so the first-cell notice
+    is said now. False outside IPython or outside a learner's limits.
     """
     shell = notebook.ipython_shell()
     notices = Notices()
@@ -122,14 +123,6 @@ def install(first_cell: bool = False) -> bool:
         return False
     notebook.explain(notices.tasks)
     notebook.explain(notices.memory_error)
-
     shell.events.register("post_run_cell", lambda *_: _say(notices.after_cell()))
-    if first_cell:
-        _say([notices.memory_kills()])  # the previous kernel's death, if the memory limit was its cause
-    else:
-        def on_first_cell(*_: object) -> None:
-            shell.events.unregister("pre_run_cell", on_first_cell)
-            _say([notices.memory_kills()])
-
-        shell.events.register("pre_run_cell", on_first_cell)
+    _say([notices.memory_kills()])  # the previous kernel's death, if the memory limit was its cause
     return True
