@@ -71,21 +71,27 @@ class: setup door-deps class-deps
 class-stop:
 	$(VENV)/bin/lab-backends class stop
 
-# The notebooks run two at a time (`--dist loadfile`: each notebook's cells in order, in one kernel): 421 s -> 248 s.
+# The notebooks run three at a time: one at a time 421 s, two 248-275 s, three 218 s (2026-12-03: with two, the CPUs
+# were idle 53% of the stage; most cells wait on a server's clock, and each timing claim has its re-measure). As root
+# they run as three learners of a class, each in a sandbox as the spawner makes one (own account and ~/notebooks,
+# network namespace, /dev/shm, umask 077, the class's cgroup limits), each lesson after lesson: issue 38's "every
+# lesson runs to its end with the sandbox on" (lab_backends/classroom/sandboxed_lessons.py). Without root, nbval on
+# three workers beside the tests, as the flake hunt runs them beside a one-core hog.
 # The notebooks run with LAB_FORCE_REMEASURE=1: every timing claim's fallback (a re-measurement that a learner's
 # kernel runs only on a busy day) runs here every time; tests/check_fallbacks.py reads that each one did and held.
 # The tests that start no server (`-m "not server"`) mostly wait on subprocesses and files: 4 workers
-# take them from 182 s to 74 s on 2 cores. Those that talk to a tritonserver run on 2 workers, one test file
-# per worker (`--dist loadfile`: a file's shared server stays in one process): 669 s -> 358 s measured here.
-# Their checks are built to survive a 2x slowdown (the other worker is a one-core hog to them), and the flake
+# take them from 182 s to 74 s on 2 cores. Those that talk to a tritonserver run on 3 workers, one test file
+# per worker (`--dist loadfile`: a file's shared server stays in one process): one worker 669 s, two 358 s (when the
+# suite was smaller), 552-647 s today, when the CPUs were idle 42-48% of the stage; three 458 s (2026-12-03).
+# Their checks are built to survive a 2x slowdown (the other workers are hogs to them), and the flake
 # hunt runs them with these same flags (scripts/flake_hunt.py SERVER_FLAGS, compared by tests/test_flake_hunt.py).
 test: setup browser-deps door-deps class-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not server" -n 4 tests
-	$(PY) -m pytest -m server -n 2 --dist loadfile --durations=40 tests
+	$(PY) -m pytest -m server -n 3 --dist loadfile --durations=40 tests
 	$(VENV)/bin/lab-backends exercises audit --jobs 3 --record test-artifacts/audit.json
 	$(PY) -m pytest tests/check_audit.py
-	LAB_FORCE_REMEASURE=1 $(PY) -m pytest -n 2 --dist loadfile --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=120 notebooks
+	$(PY) -m lab_backends.classroom.sandboxed_lessons
 	$(PY) -m lab_backends.book render
 	$(PY) -m pytest tests/check_book.py tests/check_fallbacks.py
 

@@ -29,3 +29,13 @@ BACKEND_DIR = BUILD_DIR / "backends"
 #: Per-server working folders (logs, trace files). ``LAB_RUNS_DIR`` moves them alone: a learner of a
 #: class (``lab-backends class``) shares the instructor's read-only build/ but writes runs in their home.
 RUNS_DIR = Path(os.environ.get("LAB_RUNS_DIR", BUILD_DIR / "runs"))
+
+def executed_dir() -> Path:
+    """Where the book's executed notebooks go (``LAB_BOOK_EXECUTED`` overrides ``build/executed``): written by
+    ``book/capture.py`` in nbval's session, and by the class's sandboxed lesson run, read by ``book render``."""
+    return Path(os.environ.get("LAB_BOOK_EXECUTED", BUILD_DIR / "executed"))
+
+
+#: What a lesson builds for itself while it runs (notebook 09's backends and trace, 09b's strategies).
+#: ``LAB_SCRATCH_DIR`` moves it alone, for the same reason as the runs: in a class, build/ is not the learner's.
+SCRATCH_DIR = Path(os.environ.get("LAB_SCRATCH_DIR", BUILD_DIR))

@@ -43,13 +43,15 @@ sys.path.insert(0, str(ROOT))
 
 from lab_backends.paths import lesson_notebooks  # noqa: E402
 
-#: The nbval flags of ``make test`` (tests/test_flake_hunt.py compares them with the Makefile).
-NBVAL_FLAGS = ["-n", "2", "--dist", "loadfile", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-               "--nbval-cell-timeout=120"]
+#: The nbval flags of ``make test``'s notebook stage when it cannot make a class (not root): the hunt runs the
+#: lessons beside its hogs, not as sandboxed learners (``sandboxed_lessons.PLAIN_FLAGS``, which
+#: tests/test_flake_hunt.py compares; not imported: the class's modules need JupyterHub, the hunt does not).
+NBVAL_FLAGS = ["-n", "3", "--dist", "loadfile", "--nbval-lax",
+               f"--nbval-sanitize-with={ROOT / 'tests' / 'nbval_sanitize.cfg'}", "--nbval-cell-timeout=120"]
 #: The marker of the tests that start a real tritonserver (pyproject.toml).
 SERVER_MARKER = "server"
-#: How ``make test`` spreads them: two workers, each test file on one (its module's server stays shared).
-SERVER_FLAGS = ["-n", "2", "--dist", "loadfile"]
+#: How ``make test`` spreads them: three workers, each test file on one (its module's server stays shared).
+SERVER_FLAGS = ["-n", "3", "--dist", "loadfile"]
 KINDS = {"notebooks": "notebook-cell", "server-tests": "test", "make-test": "make-test"}
 MESSAGE_CHARS = 300
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from lab_backends.classroom import sandboxed_lessons
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
@@ -65,6 +67,15 @@ def test_shaped_like_a_lesson(path: Path) -> None:
     assert re.search(r"\bcheck\(|\bassert\b", code), f"{path.name} must assert what it teaches"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_writes_nothing_into_the_shared_build_folder(path: Path) -> None:
+    """In a class, build/ is the instructor's and read-only to learners: a lesson writes what it builds under
+    ``SCRATCH_DIR`` (``LAB_SCRATCH_DIR``, set per learner by the spawner), and its servers' runs under RUNS_DIR."""
+    book = nbformat.read(path, as_version=4)
+    uses = [i for i, cell in enumerate(book.cells) if re.search(r"\bBUILD_DIR\b|PROJECT_ROOT / \"build\"", cell.source)]
+    assert not uses, f"{path.name} names build/ in cells {uses}: write under lab_backends.paths.SCRATCH_DIR instead"
+
+
 def test_every_notebook_is_collected_by_nbval() -> None:
     """The same collection `make test` does: a notebook nbval skips is a notebook CI never runs."""
     result = subprocess.run(
@@ -79,7 +90,11 @@ def test_every_notebook_is_collected_by_nbval() -> None:
 
 
 def test_make_test_runs_the_notebooks_with_nbval() -> None:
+    """The stage is sandboxed_lessons (as learners of a class, or beside the tests): nbval, every lesson."""
     makefile = (ROOT / "Makefile").read_text()
     target = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    assert "--nbval-lax" in target and "nbval_sanitize.cfg" in target and "--nbval-cell-timeout" in target
-    assert re.search(r"pytest .*notebooks", target)
+    assert re.search(r"^\t\$\(PY\) -m lab_backends\.classroom\.sandboxed_lessons$", target, re.M), target
+    flags = " ".join(sandboxed_lessons.NBVAL_FLAGS)
+    assert "--nbval-lax" in flags and "nbval_sanitize.cfg" in flags and "--nbval-cell-timeout" in flags
+    plain = sandboxed_lessons.plain_command([p.name for p in NOTEBOOKS])
+    assert plain[-len(NOTEBOOKS):] == [str(p) for p in NOTEBOOKS]  # every lesson on disk, as the sandboxes' shares

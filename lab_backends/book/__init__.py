@@ -15,11 +15,7 @@ import os
 from pathlib import Path
 
 from lab_backends.paths import BUILD_DIR, lesson_notebooks
-
-
-def executed_dir() -> Path:
-    """Where executed copies go (``LAB_BOOK_EXECUTED`` overrides ``build/executed``)."""
-    return Path(os.environ.get("LAB_BOOK_EXECUTED", BUILD_DIR / "executed"))
+from lab_backends.paths import executed_dir as executed_dir  # where executed copies go (basics: the class writes too)
 
 
 def book_dir() -> Path:

@@ -16,7 +16,8 @@ The three controllers, as this machine mounts them (cgroup v1, one hierarchy eac
   refusals;
 * **cpu** ``cpu.shares``: a weight, not a cap. Every learner's group gets the same, so under
   contention a learner with 200 busy threads gets no more CPU than one with two, and an idle
-  machine is still all theirs.
+  machine is still all theirs. The class's own group weighs their shares added up
+  (:func:`weigh_class`): each learner counts as one ordinary process against the rest of the machine.
 
 Sizes (:class:`LearnerLimits`, from docs/scale.md's footprints): a learner's heaviest lesson (05, the
 three framework stubs) peaks at about 1.9 GB with JupyterLab, so 4 GiB leaves room for the kernel's
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,8 @@ from lab_backends.waiting import poll
 CGROUP_FS = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
 PARENT = "lab-class"
+#: weigh_class's read-then-write, one thread at a time (the hub creates learners' groups from threads).
+_WEIGHING = threading.Lock()
 GIB = 1 << 30
 #: Tasks (processes and threads) a learner may hold. Measured here (2 cores): lesson 05 under nbval, its
 #: kernel, embedded Triton and three framework stubs, peaked at 7 processes and 185 tasks (1.7 GiB); with
@@ -100,6 +104,7 @@ def create(user: str, limits: LearnerLimits) -> list[Path]:
             group.mkdir(parents=True, exist_ok=True)
             for name, value in values[controller].items():
                 (group / name).write_text(str(value))
+        weigh_class()
     except OSError as exc:
         remove(user)
         raise LimitsError(f"could not limit {user}'s processes ({exc}): class start needs root and writable "
@@ -107,11 +112,28 @@ def create(user: str, limits: LearnerLimits) -> list[Path]:
     return groups
 
 
+def weigh_class() -> int:
+    """Give the class's own cpu group (``lab-class``) the sum of its learners' shares; that sum.
+
+    Why: cpu.shares weigh siblings. The learners' groups are siblings under ``lab-class``, which is itself
+    one sibling among the machine's other processes, at the default 1024: all learners together weighed
+    as much as *one* busy process elsewhere. Measured: beside one busy loop, three sandboxed learners ran
+    the lessons in 515 s (243 s without the loop; make test, 2026-12-03). With the sum, each learner weighs what
+    one ordinary process does. Recomputed at every create and remove (the hub starts learners' sandboxes
+    at once from threads: the lock makes the last write the one that counted every group).
+    """
+    parent = own_group("cpu") / PARENT
+    with _WEIGHING:
+        total = sum(int((g / "cpu.shares").read_text()) for g in parent.iterdir() if (g / "cpu.shares").is_file())
+        total = min(max(total, 1024), 262144)  # the kernel's range is 2..262144; never below one process's weight
+        (parent / "cpu.shares").write_text(str(total))
+    return total
+
+
 def remove(user: str, timeout_s: float = 10.0) -> None:
-    """Kill what is left in the learner's groups (by PID) and remove them; idempotent."""
-    for group in learner_groups(user):
-        if not group.is_dir():
-            continue
+    """Kill what is left in the learner's groups (by PID) and remove them, then weigh the class again; idempotent."""
+    groups = [group for group in learner_groups(user) if group.is_dir()]
+    for group in groups:
         for pid in members(group):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -122,6 +144,9 @@ def remove(user: str, timeout_s: float = 10.0) -> None:
             group.rmdir()
         except OSError as exc:
             raise LimitsError(f"could not remove {group} ({exc}): processes {members(group)} are still in it") from None
+    if groups:
+        weigh_class()
+
 
 
 def members(group: Path) -> list[int]:

@@ -151,6 +151,7 @@ class NamespaceSpawner(LocalProcessSpawner):
         env = super().user_env(env)
         env["SHELL"] = "/bin/bash"  # the account's login shell is nologin: the hub is the only way in
         env["LAB_RUNS_DIR"] = str(Path(env["HOME"]) / ".lab-backends" / "runs")  # their own Triton's runs
+        env["LAB_SCRATCH_DIR"] = str(Path(env["HOME"]) / ".lab-backends" / "build")  # what lessons 09, 09b build
         env["PYTHONSTARTUP"] = str(KERNEL_STARTUP)  # every kernel explains the class's limits (limits_notice.py)
         if self.learners_secret_file:
             secret = Path(self.learners_secret_file).read_text(encoding="utf-8").strip()

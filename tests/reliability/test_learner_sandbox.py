@@ -174,6 +174,21 @@ def _in_groups(groups: list[Path], code: str, *args: str) -> subprocess.Complete
                           capture_output=True, text=True, timeout=60)
 
 
+def test_the_class_weighs_its_learners_shares_added_up_against_the_rest_of_the_machine() -> None:
+    """Under the default 1024 all learners together weighed one busy process elsewhere (cgroups.weigh_class)."""
+    users = [f"lbw{os.getpid()}a", f"lbw{os.getpid()}b"]
+    parent = cgroups.own_group("cpu") / cgroups.PARENT
+    try:
+        for user in users:
+            cgroups.create(user, LearnerLimits(cpu_shares=4096))
+        # Other tests' learners may come and go meanwhile: they only ever add to the sum.
+        assert int((parent / "cpu.shares").read_text()) >= 2 * 4096
+    finally:
+        for user in users:
+            cgroups.remove(user)
+    assert not any(g.exists() for user in users for g in cgroups.learner_groups(user))
+
+
 def test_the_task_limit_refuses_a_fork_bomb_and_the_notice_names_it() -> None:
     user = f"lbc{os.getpid()}"
     groups = cgroups.create(user, LearnerLimits(memory_bytes=GIB, tasks=40, cpu_shares=512))
