@@ -20,6 +20,7 @@ matplotlib and every lesson (~0.5 s) that ``--help``, ``serve`` and ``setup`` ne
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -37,7 +38,7 @@ from lab_backends.lessons import handout
 from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import admin, bundle, cbackend, front_door, limits, native_backends, netns
+from lab_backends.server import admin, bundle, cbackend, free_quarantine, front_door, limits, native_backends, netns
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
 from lab_backends.server.door_share import add_share_arguments, share_limits
 from lab_backends.server.ports import free_ports
@@ -66,9 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.model_repository or MODEL_REPOSITORY,
         models=args.model or None,
         target="local",
-        http_port=fixed[0],
-        grpc_port=fixed[1],
-        metrics_port=fixed[2],
+        http_port=fixed[0], grpc_port=fixed[1], metrics_port=fixed[2],
         startup_timeout_s=args.startup_timeout,
         # Only the door reaches an isolated tritonserver: the key is the door's, none on Triton's command line.
         **({**admin_options, "restricted_apis": ()} if ports and ports.isolated else admin_options),
@@ -131,8 +130,12 @@ def _setup(args: argparse.Namespace) -> int:
     bundle.check_model_environment()
     bundle.prepare_backend_dir(b)
     print(f"backend directory ready: {bundle.BACKEND_DIR}")
-    _build_models(args)
-    _build_backends(args)
+    # The compilers run while the models train: set-up's two longest steps need no output of each other, and
+    # g++ on libtorch's headers (about 20 s) is one process, training another. Its lines print after.
+    with concurrent.futures.ThreadPoolExecutor(1) as compilers:
+        built = compilers.submit(_built_backends, getattr(args, "force", False))
+        _build_models(args)
+        print("\n".join(built.result()))
     for path in handout.hand_out():
         print(f"handed out: {path.relative_to(PROJECT_ROOT)}")
     return 0
@@ -140,12 +143,16 @@ def _setup(args: argparse.Namespace) -> int:
 
 def _build_backends(args: argparse.Namespace) -> int:
     """Compile the C backends in c_backends/ (only stale ones unless --force)."""
-    for name, path in cbackend.build_all(force=getattr(args, "force", False)).items():
-        print(f"C backend {name}: {path}")
-    # Framework backends (c_backends/frameworks/): a framework's C API, linked from its wheel.
-    for name, path in native_backends.build_all(force=getattr(args, "force", False)).items():
-        print(f"framework backend {name}: {path}")
+    print("\n".join(_built_backends(getattr(args, "force", False))))
     return 0
+
+
+def _built_backends(force: bool) -> list[str]:
+    """Build what is stale: C backends, framework backends, the server's preload; one line per library."""
+    preload = {"free_quarantine": free_quarantine.build(force=force)}
+    built = [("C backend", cbackend.build_all(force=force)),
+             ("framework backend", native_backends.build_all(force=force)), ("server preload", preload)]
+    return [f"{kind} {name}: {path}" for kind, libraries in built for name, path in libraries.items()]
 
 
 def _build_models(args: argparse.Namespace) -> int:

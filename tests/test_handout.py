@@ -37,6 +37,34 @@ def test_reset_keeps_the_learners_file(tmp_path, capsys, monkeypatch) -> None:
     assert cli.main(["exercises", "reset"]) == 2 and "name the exercise" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["home", "notebooks"])
+def test_reset_in_a_class_learners_terminal_resets_their_own_copy(tmp_path, capsys, monkeypatch, where) -> None:
+    """A class learner's terminal opens in their home (or they cd into ~/notebooks); the project's copy is not
+    theirs to write, and not below their home, so the paths are shown from where they are."""
+    home = tmp_path / "home"
+    handout.hand_out(home / "notebooks")
+    mine = handout.handout("clip_backend").in_notebooks(home / "notebooks")
+    mine.write_text("/* half done */\n")
+    project_copy = handout.handout("clip_backend").in_notebooks()
+    before = project_copy.read_bytes() if project_copy.exists() else None
+    monkeypatch.chdir(home if where == "home" else home / "notebooks")
+    assert cli.main(["exercises", "reset", "clip_backend"]) == 0
+    said = capsys.readouterr().out
+    shown = "exercises/clip.c" if where == "notebooks" else "notebooks/exercises/clip.c"
+    assert said.startswith(f"{shown}: the skeleton as shipped; your file is now {shown}.") and ".bak" in said, said
+    assert mine.read_text() == handout.handout("clip_backend").shipped.read_text()
+    assert [b.read_text() for b in mine.parent.glob("clip.c.*.bak")] == ["/* half done */\n"]
+    assert (project_copy.read_bytes() if project_copy.exists() else None) == before
+
+
+def test_reset_that_cannot_write_says_so_in_one_line(tmp_path, capsys) -> None:
+    not_a_folder = tmp_path / "notebooks"
+    not_a_folder.write_text("")
+    assert cli.main(["exercises", "reset", "clip_backend", "--notebooks", str(not_a_folder)]) == 1
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "cannot reset clip_backend" in said and "--notebooks DIR" in said, said
+
+
 @pytest.mark.parametrize("module", [c_lab, batch_strategy], ids=["clip", "tenant"])
 def test_a_copy_edited_in_place_is_an_attempt_and_the_untouched_copy_is_not(tmp_path, module) -> None:
     """The learner's path: the handed-out copy, untouched, then edited in place (TODO marks kept)."""

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from lab_backends.lessons import handout
-from lab_backends.paths import PROJECT_ROOT
 
 
 def add_exercises_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,9 +20,12 @@ def add_exercises_parser(sub: argparse._SubParsersAction) -> None:
     exercises.add_argument(
         "action", choices=["audit", "reset"],
         help="audit: skeleton, reference, wrong and alternative answers; reset NAME: a fresh C skeleton "
-        "in notebooks/exercises/ (yours kept as .bak)"
+        "in your notebooks' exercises/ (yours kept as .bak)"
     )
     exercises.add_argument("names", nargs="*", metavar="NAME", help="reset: the exercise(s) whose file to hand out")
+    exercises.add_argument("--notebooks", type=Path, metavar="DIR",
+                           help="reset: the notebooks folder whose exercises/ to reset (default: the one here: "
+                           "./exercises, ./notebooks/exercises, else the project's)")
     exercises.add_argument("--only", action="append", metavar="NAME", help="audit only this exercise (repeatable)")
     exercises.add_argument("--jobs", type=int, default=1,
                            help="worker processes (make test uses 3: the checkers mostly wait on servers)")
@@ -36,7 +38,7 @@ def add_exercises_parser(sub: argparse._SubParsersAction) -> None:
 def _exercises(args: argparse.Namespace) -> int:
     """``exercises audit``: exit 1 when any exercise falls short (its lines say how); ``exercises reset NAME``."""
     if args.action == "reset":
-        return _reset_exercises(args.names)
+        return _reset_exercises(args.names, args.notebooks or handout.notebooks_for(Path.cwd()))
     # Deferred: the checkers import pandas and the measure layer (~0.5 s) that `reset` and --help need not pay.
     from lab_backends.lessons.exercises import EXERCISES
     from lab_backends.lessons.exercises.audit import audit, record
@@ -58,14 +60,26 @@ def _exercises(args: argparse.Namespace) -> int:
     return 1 if short else 0
 
 
-def _reset_exercises(names: list[str]) -> int:
-    """A fresh skeleton for each C exercise named; the learner's file is kept as a ``.bak`` beside it."""
+def _reset_exercises(names: list[str], notebooks: Path) -> int:
+    """A fresh skeleton for each C exercise named, in ``notebooks``; the learner's file is kept as a ``.bak``."""
     if not names:
         print("error: name the exercise to reset, e.g. `lab-backends exercises reset clip_backend`; the ones with a "
               f"file: {', '.join(h.exercise for h in handout.HANDOUTS)}", file=sys.stderr)
         return 2
     for name in names:
-        fresh, kept = handout.reset(name)
-        print(f"{fresh.relative_to(PROJECT_ROOT)}: the skeleton as shipped"
-              + (f"; your file is now {kept.relative_to(PROJECT_ROOT)}" if kept else ""))
+        try:
+            fresh, kept = handout.reset(name, notebooks)
+        except OSError as exc:
+            print(f"error: cannot reset {name} in {_shown(notebooks)}: {exc.strerror} ({exc.filename}); run it in "
+                  "your notebooks folder (or above it), or name it with --notebooks DIR", file=sys.stderr)
+            return 1
+        print(f"{_shown(fresh)}: the skeleton as shipped" + (f"; your file is now {_shown(kept)}" if kept else ""))
     return 0
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to here when it is below here (a learner's ~/notebooks is not below the project)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

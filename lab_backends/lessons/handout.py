@@ -14,7 +14,9 @@ answer. The skeletons as shipped live here, in the package (``skeletons/``), and
 * :func:`untouched` is what "not attempted" means for every C checker: the text equals the shipped
   skeleton, whitespace aside. The ``TODO(exercise)`` comments may stay in a finished file.
 * :func:`reset` hands a fresh skeleton out again, keeping the learner's file beside it as a
-  ``.bak`` (``lab-backends exercises reset NAME``): nothing the learner wrote is lost.
+  ``.bak`` (``lab-backends exercises reset NAME``): nothing the learner wrote is lost. It resets the
+  copy the learner works on (:func:`notebooks_for`): in a class that is ``~/notebooks``, not the
+  project's folder, which a learner can read but not write.
 """
 
 from __future__ import annotations
@@ -107,6 +109,17 @@ def hand_out(notebooks_dir: Path = NOTEBOOK_DIR) -> list[Path]:
             target.chmod(0o444)  # a copy to read: edits belong in c_backends/include/
             written.append(target)
     return written
+
+
+def notebooks_for(cwd: Path) -> Path:
+    """The notebooks folder a command run in ``cwd`` works on: ``cwd`` when it holds ``exercises/`` (a
+    terminal opened next to the notebook), else ``cwd/notebooks`` when that does (a class learner's
+    terminal opens in their home; the spawner copied the course to ``~/notebooks``, and at the
+    project's root this is the project's folder), else the project's."""
+    for folder in (cwd, cwd / "notebooks"):
+        if (folder / EXERCISES_SUBDIR).is_dir():
+            return folder
+    return NOTEBOOK_DIR
 
 
 def reset(exercise: str, notebooks_dir: Path = NOTEBOOK_DIR) -> tuple[Path, Path | None]:
