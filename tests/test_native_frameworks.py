@@ -41,6 +41,7 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
 from lab_backends.digits import build, load_split, normalize
+from lab_backends.errors import BackendBuildError
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend, native_backends
 from lab_backends.server.processes import terminate
@@ -233,6 +234,27 @@ def test_builds_against_the_wheels_tensorflow_and_exports_only_entry_points(libr
     assert "libtensorflow_cc.so.2" in dynamic and str(runtime.root) in dynamic  # found without LD_LIBRARY_PATH
     assert not native_backends.tensorflow_is_stale()
     assert native_backends.build_tensorflow().stat().st_mtime_ns == library.stat().st_mtime_ns  # not rebuilt
+
+
+def test_gold_links_a_framework_and_refuses_a_misspelled_tf_function_as_bfd_does(tmp_path, monkeypatch) -> None:
+    """Framework backends link with gold when binutils has it (faster on libtensorflow_cc); ``-z defs`` must
+    stay as strict with it, and without it (the branch a machine without ld.gold takes) gcc's default links."""
+    source = tmp_path / "typo.c"
+    source.write_text('#include "tensorflow/c/c_api.h"\n#include "lab_triton.h"\n'
+                      "void TF_DeleteTensorr(TF_Tensor*);  /* declared, so that only the link can catch it */\n"
+                      "TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* i,\n"
+                      "    TRITONBACKEND_Request** r, const uint32_t n) {\n"
+                      "  (void)i; (void)r; (void)n; TF_DeleteTensorr(NULL); return NULL; }\n")
+    runtime = native_backends.tensorflow_runtime()
+    include = (cbackend.INCLUDE_DIR, runtime.include_dir)
+    which = shutil.which
+    for linker in (("-fuse-ld=gold",), ()):
+        monkeypatch.setattr(shutil, "which", lambda name, gold=bool(linker): which(name) if name != "ld.gold" or gold
+                            else None)
+        assert native_backends.faster_linker() == linker
+        with pytest.raises(BackendBuildError, match="undefined reference.*TF_DeleteTensorr"):
+            cbackend.build(source, "typo", tmp_path / str(bool(linker)), include_dirs=include,
+                           link_flags=runtime.link_flags(), required=("TRITONBACKEND_ModelInstanceExecute",))
 
 
 def test_libtorch_builds_with_gxx_against_the_wheels_libtorch(torch_library) -> None:

@@ -75,6 +75,10 @@ LEAK_WARMUP, LEAK_REQUESTS = 60, 400
 #: (400 x 64 rows x 256 B = 6.6 MB). Measured on this project's 2 cores (see tests/exercise_cases):
 #: the reference grew 0.0-0.4 MB, a per-request TF_Tensor never deleted 6.4-6.8 MB (about 1.0 of them).
 LEAK_BOUND = 0.4
+#: Windows of LEAK_REQUESTS batches measured at most: a leak grows the RSS in every window, a one-off step
+#: (an allocator arena, a thread's first stack) in one only. Measured: the reference once grew 3.4 MB in one
+#: window (make test run 57, 2026-12-03), so one window over the bound is measured again before a refusal.
+LEAK_WINDOWS = 2
 
 
 def read_answer(answer: Any) -> tuple[Path, str]:
@@ -249,17 +253,23 @@ class Probe:
                 raise ExerciseError(f"a request of 64 rows failed: {exc.message()}") from exc
 
     def leak(self) -> tuple[int, int]:
-        """(RSS growth, bytes gathered) over LEAK_REQUESTS batches of 64 rows, after LEAK_WARMUP of them."""
+        """(RSS growth, bytes gathered) over LEAK_REQUESTS batches of 64 rows, after LEAK_WARMUP of them.
+
+        Refused only when every one of up to LEAK_WINDOWS windows grew past the bound: a leak per batch
+        does so in each window, a one-off step in the RSS does not. The second window runs only after a
+        first one over the bound (the audit's leaking answer takes it every time)."""
         process = psutil.Process(self.own.pid)
         self._send_batches(LEAK_WARMUP)
-        before = process.memory_info().rss
-        self._send_batches(LEAK_REQUESTS)
-        growth = process.memory_info().rss - before
         gathered = LEAK_REQUESTS * self.pixels[:LEAK_ROWS].nbytes
-        if growth > LEAK_BOUND * gathered:
-            raise ExerciseError(
-                f"the server's memory grew {growth / 1e6:.1f} MB over {LEAK_REQUESTS} batches of {LEAK_ROWS} rows "
-                f"that gathered {gathered / 1e6:.1f} MB: something is leaked per batch. Every TF_Tensor you "
-                "allocate (TF_AllocateTensor, TF_NewTensor) needs its TF_DeleteTensor, and Execute already deletes "
-                "the batch you return")
-        return growth, gathered
+        growths: list[int] = []
+        while len(growths) < LEAK_WINDOWS:
+            before = process.memory_info().rss
+            self._send_batches(LEAK_REQUESTS)
+            growths.append(process.memory_info().rss - before)
+            if growths[-1] <= LEAK_BOUND * gathered:
+                return growths[-1], gathered
+        raise ExerciseError(
+            f"the server's memory grew {' MB, then '.join(f'{g / 1e6:.1f}' for g in growths)} MB over windows of "
+            f"{LEAK_REQUESTS} batches of {LEAK_ROWS} rows that each gathered {gathered / 1e6:.1f} MB: something is "
+            "leaked per batch. Every TF_Tensor you allocate (TF_AllocateTensor, TF_NewTensor) needs its "
+            "TF_DeleteTensor, and Execute already deletes the batch you return")

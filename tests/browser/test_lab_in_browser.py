@@ -186,6 +186,22 @@ def _run_menu(page: Any, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
 
 
+def answer_dialog(page: Any, seen: list[str], kernel_s: float = 90) -> None:
+    """A JupyterLab dialog would take the next click: keep its text (for a failure message) and answer it as a
+    learner would. "Select Kernel" (seen in fresh clones when a notebook opens before JupyterLab knows its
+    kernels) gets its Select button (Python 3) and the kernel is awaited; any other dialog gets Escape."""
+    dialog = page.locator(".jp-Dialog")
+    if not (dialog.count() and dialog.first.is_visible()):
+        return
+    text = dialog.first.inner_text()
+    seen.append(text[:300])
+    if text.startswith("Select Kernel"):
+        dialog.first.locator(".jp-mod-accept").click()
+        _wait("the kernel to start", lambda: _kernel_idle(page), kernel_s)
+    else:
+        page.keyboard.press("Escape")
+
+
 @contextmanager
 def notebook_in_chromium(lab: dict[str, Any], notebook: Path, tmp_path: Path, prefix: str = "",
                          run_all_s: float = 110) -> Iterator[tuple[Any, Any]]:
@@ -197,6 +213,7 @@ def notebook_in_chromium(lab: dict[str, Any], notebook: Path, tmp_path: Path, pr
     the test: a screenshot on failure, the browser closed, JupyterLab's log kept, and the notebook
     restored if JupyterLab saved it (autosave is off; outputs must never reach the repository).
     """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -217,16 +234,18 @@ def notebook_in_chromium(lab: dict[str, Any], notebook: Path, tmp_path: Path, pr
                 _wait("the kernel to start", lambda: _kernel_idle(page), 60)
                 stop_cell = page.locator(".jp-CodeCell", has_text="server.stop()").last
                 first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
+                dialogs: list[str] = []
                 for attempt in range(3):
-                    stop_cell.locator(".jp-InputPrompt").click()
-                    _run_menu(page, "Run All Above Selected Cell")
+                    answer_dialog(page, dialogs)
                     try:
+                        stop_cell.locator(".jp-InputPrompt").click(timeout=15_000)
+                        _run_menu(page, "Run All Above Selected Cell")
                         _wait("the first cell to start",
                               lambda: first_prompt.inner_text().strip() not in ("[ ]:", ""), 20)
                         break
-                    except AssertionError:
+                    except (AssertionError, PlaywrightTimeout) as exc:
                         if attempt == 2:
-                            raise
+                            raise AssertionError(f"the run did not start; dialogs seen: {dialogs or 'none'}") from exc
                 exercise_output = page.locator(".jp-OutputArea-output", has_text="not attempted yet")
 
                 def ran_all() -> bool:

@@ -21,7 +21,16 @@ from typing import Any
 
 import psutil
 import pytest
-from browser.test_lab_in_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, _kernel_idle, _no_errors, _run_menu, _wait
+from browser.test_lab_in_browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    _kernel_idle,
+    _no_errors,
+    _run_menu,
+    _wait,
+    answer_dialog,
+)
 from sandbox_checks import fork_bomb_and_memory_hog, isolation, sequences_apart
 from sandbox_probes import as_learner
 
@@ -80,18 +89,7 @@ def _open_and_run(page: Any, room: Any, name: str) -> Any:
     first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
     dialogs: list[str] = []
     for attempt in range(3):
-        # A JupyterLab dialog would take the click: its text is kept for the failure message. "Select Kernel" (seen
-        # in fresh clones when the lesson opened before JupyterLab knew its kernels) is answered as a learner
-        # would, with its Select button (Python 3); any other is dismissed with Escape.
-        dialog = page.locator(".jp-Dialog")
-        if dialog.count() and dialog.first.is_visible():
-            text = dialog.first.inner_text()
-            dialogs.append(text[:300])
-            if text.startswith("Select Kernel"):
-                dialog.first.locator(".jp-mod-accept").click()
-                _wait(f"{name}'s kernel", lambda: _kernel_idle(page), 90)
-            else:
-                page.keyboard.press("Escape")
+        answer_dialog(page, dialogs)
         try:
             stop_cell.locator(".jp-InputPrompt").click(timeout=15_000)
             _run_menu(page, "Run All Above Selected Cell")
@@ -182,6 +180,28 @@ def test_a_learners_fork_bomb_and_memory_hog_stop_at_their_limits_while_the_othe
 def test_learners_sequences_cannot_touch_each_others_state(classroom: Any) -> None:
     """#38: B and C both use sequence ID 7 through the lessons' helpers: B's running mean is B's alone."""
     sequences_apart(classroom, _learner_servers(classroom))
+
+
+#: Lesson 09b's first build, as the learner runs it (``batch_strategy.build(SCRATCH_DIR / "notebook09b")``), and
+#: whether build/ (the instructor's) would have taken it: it must not, which is why lessons write to SCRATCH_DIR.
+_BUILDS = """
+import os
+from lab_backends.lessons import batch_strategy
+from lab_backends.paths import BUILD_DIR, SCRATCH_DIR
+library = batch_strategy.build(SCRATCH_DIR / "notebook09b")
+print(library.is_file() and library.is_relative_to(os.environ["HOME"]), os.access(BUILD_DIR, os.W_OK))
+"""
+
+
+def test_a_learner_builds_lesson_09bs_strategy_in_a_folder_of_their_own(classroom: Any) -> None:
+    """#38: lessons 09 and 09b build C libraries as they run; build/ is not the learner's to write, so they
+    build under SCRATCH_DIR, which the spawner points into the learner's home (``LAB_SCRATCH_DIR``)."""
+    servers = _learner_servers(classroom)
+    assert servers, "no learner's server runs: the lesson 01 test starts them"
+    name, server = next(iter(servers.items()))
+    mine, build_writable = as_learner(name, server, _BUILDS).stdout.split()
+    assert mine == "True", f"{name}'s lesson 09b build did not land in their home"
+    assert build_writable == "False", "the control: a learner cannot write into build/"
 
 
 _PROBE = """
