@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab_backends.cli import build_parser
+from lab_backends.errors import ServerCrashed
 from lab_backends.server import admin, crash
 from lab_backends.server.target import Target
 
@@ -63,6 +64,39 @@ def test_the_crash_report_quotes_the_signal_line_or_says_the_log_names_no_cause(
     assert crash.log_cause("I1201 started\nSignal (15) received.\n", -11) == ""  # another signal's line
     silent = str(crash.crash_error(_FakeServer(-11, "I1201 started\n"), -11))
     assert "The log names no cause" in silent and "segmentation fault" in silent and "nested" not in silent
+
+
+class _DyingServer(_FakeServer):
+    """A server whose log already says "Signal (11) received." and that exits on the ``exits_after``-th look."""
+
+    def __init__(self, log: str, exits_after: int) -> None:
+        super().__init__(None, log)
+        self.looks, self.exits_after = 0, exits_after
+
+    def exit_code(self) -> int | None:
+        self.looks += 1
+        return -11 if self.looks >= self.exits_after else None
+
+
+def test_a_server_that_is_still_dying_is_waited_for_and_named_a_crash():
+    """The wait in raise_if_dying (taken when a client sees the connection closed before the signal handler has
+    finished its stack trace), forced: the process exits on the fourth look."""
+    dying = _DyingServer("I1201 started\nSignal (11) received.\n 0# 0x0 in tritonserver\n", exits_after=4)
+    with pytest.raises(ServerCrashed, match=r"killed by signal 11 \(SIGSEGV\)"):
+        crash.raise_if_dying(dying, within_s=10)
+    assert dying.looks >= 4  # it looked until the exit
+
+
+def test_a_server_whose_log_ends_otherwise_is_not_waited_for():
+    restarted = _DyingServer("Signal (11) received.\n 0# 0x0 in x\nI1201 started again\n", exits_after=99)
+    crash.raise_if_dying(restarted, within_s=10)  # an old crash's line, then a new server's: nothing to wait for
+    assert restarted.looks == 1
+    remote = _DyingServer("Signal (11) received.\n", exits_after=99)
+    remote.pid = None
+    crash.raise_if_dying(remote, within_s=10)  # a server we did not start is not ours to watch
+    stubborn = _DyingServer("Signal (11) received.\n", exits_after=99)
+    crash.raise_if_dying(stubborn, within_s=0.3)  # the wait is bounded: the caller's own error then stands
+    assert 2 <= stubborn.looks < 99
 
 
 def test_serve_advice_says_when_restart_restarts_and_no_python_api():

@@ -19,6 +19,7 @@ from lab_backends import cli
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons import exercises
 from lab_backends.lessons.exercises import as_taught, audit
+from lab_backends.lessons.exercises.answers import CRASH_TRIES
 from lab_backends.lessons.exercises.audit import Wrong
 from lab_backends.lessons.exercises.registry import load_module
 
@@ -178,6 +179,48 @@ def test_the_audit_falls_short_for_each_kind_of_unfair_checker(toy) -> None:
     assert "correct after all): pass" in text and "refused for another reason): refused" in text
     assert "crashes): error, expected a refusal matching /returned/: ZeroDivisionError" in text
     assert "alternative 1: refused" in text
+
+
+#: An alternative under which "the server crashes" on every odd call, whichever path calls it (a file counts the
+#: calls: the two paths may or may not share the cases module).
+CRASHING_ALTERNATIVE = """
+    from pathlib import Path
+    from lab_backends.errors import ServerCrashed
+    CALLS = Path(__file__).with_suffix(".calls")
+
+    def crashes_first(x, every=2):
+        n = int(CALLS.read_text()) if CALLS.exists() else 0
+        CALLS.write_text(str(n + 1))
+        if n % every == 0:
+            raise ServerCrashed("tritonserver (pid 1) killed by signal 11 (SIGSEGV). The log says: Signal (11).")
+        return x + x
+
+    WRONG = [Wrong("adds", lambda x: x + 2, r"returned 5")] * 3
+"""
+
+
+def test_an_answer_the_server_crashed_under_is_judged_once_more_and_the_audit_says_so(toy) -> None:
+    """The audit's re-judging after a server crash (a branch a quiet machine never takes), forced: the
+    alternative's first try on each path "crashes the server", its second passes; a note names the crash."""
+    _, cases, _ = toy
+    _cases(cases, CRASHING_ALTERNATIVE + "    ALTERNATIVES = [crashes_first]\n")
+    lines: list[str] = []
+    [verdict] = audit.audit(["toy_double"], emit=lines.append)
+    assert verdict.ok and verdict.accepted == 1 and verdict.as_taught.accepted == 1, verdict.problems
+    notes = [line for line in lines if line.startswith("  note: alternative 1")]
+    assert [n.split(" (")[1].split(")")[0] for n in notes] == ["direct", "as-taught"], lines
+    assert all("the server crashed under it: ServerCrashed: tritonserver (pid 1) killed by signal 11" in n
+               for n in notes)
+
+
+def test_an_answer_the_server_crashes_under_every_time_is_an_error_after_two_tries(toy) -> None:
+    _, cases, _ = toy
+    _cases(cases, CRASHING_ALTERNATIVE + "    ALTERNATIVES = [lambda x: crashes_first(x, every=1)]\n")
+    verdict = audit.audit_one("toy_double", cases_dir=cases)
+    [judged] = [j for j in verdict.judged if j.label == "alternative 1"]
+    assert judged.outcome == "error" and judged.message.startswith("ServerCrashed:") and judged.again
+    assert (cases / "toy_double.calls").read_text() == str(2 * CRASH_TRIES)  # both paths, each bounded
+    assert not verdict.ok and verdict.accepted == 0
 
 
 def test_too_few_cases_and_a_skeleton_that_is_not_handed_out_fall_short(toy) -> None:

@@ -39,6 +39,8 @@ _CAUSE_WINDOW = 60
 
 #: The longest wait before a restart: a server that keeps being killed comes back twice a minute.
 BACKOFF_CAP_S = 30.0
+#: How long a server whose log says "Signal (N) received." may take to exit (its stack trace is symbolized first).
+DYING_S = 30.0
 
 #: The advice of a crash seen from Python (a notebook, a test).
 API_ADVICE = "call server.restart() to start it again with the same models and ports"
@@ -129,6 +131,28 @@ def raise_if_crashed(server: Any) -> None:
     code = crashed(server)
     if code is not None:
         raise crash_error(server, code)
+
+
+def raise_if_dying(server: Any, within_s: float = DYING_S) -> None:
+    """Raise :class:`ServerCrashed` if the server we started has died, or is dying, on its own.
+
+    A request the server closed without an answer is how a crash first reaches a client, often before
+    the process is gone: Triton's handler for SIGSEGV and SIGABRT prints ``Signal (N) received.`` and a
+    symbolized stack trace, and only then raises the signal again (server ``src/triton_signal.cc``
+    L117-L125 at r24.10), while the kernel still accepts connections on its ports. So when that line
+    is the log's last meaningful one (a restarted server's log goes on after an old one), the exit is
+    waited for, ``within_s`` at most; otherwise nothing is waited for.
+    """
+    raise_if_crashed(server)
+    if getattr(server, "pid", None) is None:
+        return  # a remote server: not ours to watch
+    said = _meaningful(server.log_text())
+    if not said or not _SIGNAL_LINE.match(said[-1]):
+        return
+    deadline = time.monotonic() + within_s
+    while crashed(server) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    raise_if_crashed(server)
 
 
 def backoff_delay(recent: int, base_s: float = 1.0) -> float:

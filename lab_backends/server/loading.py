@@ -21,7 +21,7 @@ from typing import Any
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.errors import ModelLoadError
-from lab_backends.server.crash import raise_if_crashed
+from lab_backends.server.crash import raise_if_crashed, raise_if_dying
 from lab_backends.server.repository import preflight
 
 LOAD_TIMEOUT_S = 120.0
@@ -103,6 +103,7 @@ def load(
     except InferenceServerException:
         raise  # the server answered: TritonServer.load_model quotes the log's reason
     except Exception as exc:
+        raise_if_dying(server)  # a crash under the load is named as one, with the log's words
         if time.monotonic() - started < timeout_s * 0.9:
             raise
         state = ""

@@ -9,6 +9,9 @@ The fuzzing test (test_fuzz.py) excludes these requests by the names in ``CRASHE
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +119,26 @@ def test_crasher_is_detected_explained_and_restarted(crash_server, name):
     assert (crash_server.http_port, crash_server.grpc_port, crash_server.metrics_port) == ports
     known_good(crash_server, "grpc")
     known_good(crash_server, "http")
+
+
+#: A model whose initialize() outlasts any test: a load of it is still waiting when the server is killed.
+SLOW_LOAD = b"import time\n\n\nclass TritonPythonModel:\n    def initialize(self, args):\n        time.sleep(120)\n\n" \
+    b"    def execute(self, requests):\n        return []\n"
+
+
+def test_a_load_the_server_dies_under_raises_server_crashed_not_a_closed_connection(crash_server):
+    """The server is killed (SIGSEGV, through Triton's own handler) while a load waits on it: the load names the
+    crash, as stop 44's audit could not (it said only "HTTPConnectionClosed: connection closed")."""
+    config = json.dumps({"name": "rel_slow_load", "backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+                         "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]})
+    killer = threading.Timer(3.0, os.kill, (crash_server.pid, signal.SIGSEGV))
+    killer.start()
+    try:
+        with pytest.raises(ServerCrashed, match=r"killed by signal 11 \(SIGSEGV\).*Signal \(11\) received"):
+            crash_server.load_model("rel_slow_load", config=config, files={"file:1/model.py": SLOW_LOAD})
+    finally:
+        killer.cancel()
 
 
 @pytest.mark.upstream

@@ -15,15 +15,16 @@ import atexit
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from lab_backends.errors import ExerciseError
+from lab_backends.errors import ExerciseError, ServerCrashed
 from lab_backends.lessons import exercises
 from lab_backends.lessons.exercises.registry import Exercise, get, load_module, load_solution
 from lab_backends.lessons.handout import EXERCISES_SUBDIR, SKELETONS_DIR
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.crash import crashed
 
 CASES_DIR = PROJECT_ROOT / "tests" / "exercise_cases"
 NOTEBOOKS_DIR = PROJECT_ROOT / "notebooks"
@@ -96,6 +97,28 @@ class Judged:
     message: str
     #: Where the learner's path put the answer (the file written in place, the name bound) and which cell judged it.
     where: str = ""
+    #: What the server said when it crashed under an earlier try of this answer ("" when judged once).
+    again: str = ""
+
+
+#: Tries at one answer when the server under it crashed: a crash of Triton 2.51 (docs/reliability.md) is no
+#: verdict on the answer. Seen once in some 60 audits (stop 44's CI: the server closed canary_versions' load).
+CRASH_TRIES = 2
+CRASHED = f"{ServerCrashed.__name__}:"
+
+
+def judged_despite_crashes(judge: Callable[[], Judged], server: Any = None) -> Judged:
+    """``judge()``, again when the server under it crashed (:data:`CRASH_TRIES` tries in all), ``server``
+    restarted first when it is ours and down; the verdict keeps the crash's words in ``again``, and the
+    audit prints them. Any other outcome, a refusal or an error of the answer's own, is final at once."""
+    crashes: list[str] = []
+    while True:
+        judged = judge()
+        if not judged.message.startswith(CRASHED) or len(crashes) + 1 >= CRASH_TRIES:
+            return replace(judged, again=crashes[0]) if crashes else judged
+        crashes.append(judged.message)
+        if server is not None and crashed(server) is not None:
+            server.restart()
 
 
 def notebook_cells(path: Path) -> list[str]:

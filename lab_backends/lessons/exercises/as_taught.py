@@ -33,6 +33,7 @@ import argparse
 import ast
 import builtins
 import contextlib
+import functools
 import io
 import json
 import os
@@ -44,7 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from lab_backends.errors import ExerciseError, LabBackendsError
-from lab_backends.lessons.exercises.answers import Answer, Judged, answers_of, check_call, notebook_cells
+from lab_backends.lessons.exercises.answers import (
+    Answer,
+    Judged,
+    answers_of,
+    check_call,
+    judged_despite_crashes,
+    notebook_cells,
+)
 from lab_backends.lessons.exercises.registry import get, load_module
 from lab_backends.lessons.handout import hand_out
 from lab_backends.server.running import RunningServer
@@ -212,13 +220,15 @@ def judge_all(name: str, cases_dir: Path, notebooks_dir: Path, server: RunningSe
     cell = find_check_cell(name, notebooks_dir)
     with contextlib.redirect_stdout(io.StringIO()):  # the answer cells may print the task
         answers, _, _ = answers_of(name, cases_dir, notebooks_dir)
-    judged = []
-    for answer in answers:
-        with tempfile.TemporaryDirectory(prefix=f"as-taught-{name}-") as tmp:
-            workdir = Path(tmp) / "notebooks"
-            hand_out(workdir)
-            judged.append(judge_one(cell, answer, workdir, server))
-    return judged
+    return [judged_despite_crashes(functools.partial(_judge_in_a_fresh_copy, cell, answer, server))
+            for answer in answers]
+
+
+def _judge_in_a_fresh_copy(cell: CheckCell, answer: Answer, server: RunningServer | None) -> Judged:
+    with tempfile.TemporaryDirectory(prefix=f"as-taught-{answer.exercise}-") as tmp:
+        workdir = Path(tmp) / "notebooks"
+        hand_out(workdir)
+        return judge_one(cell, answer, workdir, server)
 
 
 def server_environment(server: RunningServer | None) -> dict[str, str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import io
 import multiprocessing
 import re
@@ -52,6 +53,7 @@ from lab_backends.lessons.exercises.answers import (  # noqa: F401 - Wrong, Sour
     SourceVariants,
     Wrong,
     answers_of,
+    judged_despite_crashes,
     load_cases,
     notebook_skeleton,
 )
@@ -159,7 +161,8 @@ def audit_one(name: str, server: Any = None, cases_dir: Path = CASES_DIR, notebo
     with concurrent.futures.ThreadPoolExecutor(1) as other:
         taught_later = (other.submit(_learner_path, learner_path, name, cases_dir, notebooks_dir, server, answers)
                         if side_by_side and learner_path is not None else None)
-        direct = missing + [_directly(name, answer, server) for answer in answers]
+        direct = missing + [judged_despite_crashes(functools.partial(_directly, name, answer, server), server)
+                            for answer in answers]
         if taught_later is not None:
             taught: list[Judged] | None = missing + taught_later.result()
         elif learner_path is not None:
@@ -220,6 +223,10 @@ def _emit(verdict: Verdict, emit: Callable[[str], None]) -> None:
     emit(verdict.line())
     for problem in verdict.problems:
         emit(f"  {problem}")
+    taught = verdict.as_taught.judged if verdict.as_taught else []
+    for path, judged in (("direct", verdict.judged), ("as-taught", taught)):
+        for item in (j for j in judged if j.again):
+            emit(f"  note: {item.label} ({path}) was judged again, the server crashed under it: {_first(item.again)}")
 
 
 #: Seconds each exercise's audit took (both paths) with ``--jobs 3`` on this project's 2 cores (2026-12-03, after

@@ -10,7 +10,7 @@ import numpy as np
 from lab_backends.digits import reference
 from lab_backends.digits.data import normalize
 from lab_backends.errors import ExerciseError
-from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.lessons.exercises.registry import answer_raised, exercise
 from lab_backends.lessons.frameworks import MAX_BATCH, WRAPPED, agreement, held_out
 from lab_backends.measure import stats as _stats
 from lab_backends.server.running import RunningServer
@@ -62,10 +62,7 @@ def _check_framework_agreement(
             except (NotImplementedError, ExerciseError):
                 raise
             except Exception as exc:
-                first = str(exc).splitlines()[0] if str(exc) else ""
-                raise ExerciseError(
-                    f"logits_of(server, {model!r}, images) raised {type(exc).__name__}: {first[:300]}"
-                ) from exc
+                raise answer_raised(f"logits_of(server, {model!r}, images)", exc, server) from exc
             rows = _stats.rows_since(server, model, before, len(images))
             out = np.asarray(out)
             if out.shape != (len(images), 10):

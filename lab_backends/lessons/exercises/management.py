@@ -11,7 +11,7 @@ import numpy as np
 from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons import authoring, management
-from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.lessons.exercises.registry import answer_raised, exercise
 from lab_backends.server.running import RunningServer
 from lab_backends.server.triton_server import TritonServer
 
@@ -48,7 +48,7 @@ def _check_canary_versions(answer: Callable[[Any, str], Any], server: RunningSer
             except (NotImplementedError, ExerciseError):
                 raise
             except Exception as exc:
-                raise ExerciseError(f"canary(server, name) raised {type(exc).__name__}: {exc}") from exc
+                raise answer_raised("canary(server, name)", exc, own) from exc
             if files() != before:
                 raise ExerciseError(
                     "files in the model folder changed: do it with a config override on load, not on disk"

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.paths import PROJECT_ROOT
+from lab_backends.server.crash import raise_if_dying
 from lab_backends.server.running import RunningServer
 from lab_backends.server.triton_server import TritonServer
 
@@ -88,6 +89,16 @@ def exercise(name: str, notebook: str, task: str, models: tuple[str, ...], trace
         return checker
 
     return register
+
+
+def answer_raised(call: str, exc: Exception, server: Any) -> ExerciseError:
+    """The refusal of an answer that raised ``exc`` while ``call`` ran, unless the server under it crashed:
+    then :class:`~lab_backends.errors.ServerCrashed` is raised instead, naming the crash. A Triton 2.51 crash
+    (docs/reliability.md) is the server's doing, not a verdict on the answer, and the learner's client
+    sees it only as a closed connection."""
+    raise_if_dying(server)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return ExerciseError(f"{call} raised {type(exc).__name__}: {first[:300]}")
 
 
 def get(name: str) -> Exercise:

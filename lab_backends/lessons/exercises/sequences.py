@@ -9,7 +9,7 @@ import numpy as np
 
 from lab_backends.client import sequences
 from lab_backends.errors import ExerciseError
-from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.lessons.exercises.registry import answer_raised, exercise
 from lab_backends.measure import stats as _stats
 from lab_backends.server.running import RunningServer
 from lab_backends.server.triton_server import TritonServer
@@ -44,7 +44,7 @@ def _check_interleaved_sequences(answer: Callable[[Any, dict], dict], server: Ru
         except (NotImplementedError, ExerciseError):
             raise
         except Exception as exc:
-            raise ExerciseError(f"drive(server, sequences) raised {type(exc).__name__}: {exc}") from exc
+            raise answer_raised("drive(server, sequences)", exc, server) from exc
         after = _stats.settled_statistics(server, sequences.MODEL)
         if not isinstance(got, dict):
             raise ExerciseError(f"drive must return a dict {{correlation ID: final mean}}, not {type(got).__name__}")
