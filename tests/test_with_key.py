@@ -9,17 +9,28 @@ model control, an aio client): each passes no admin header of its own, is refuse
 when run plainly (HTTP 403 / gRPC ``This protocol is restricted``) and passes under ``with-key``.
 The same scripts run again against ``serve --front-door``, where the door refuses them (HTTP 403 /
 gRPC ``PERMISSION_DENIED``, in the door's words) and ``with-key`` passes them through.
+
+Then NVIDIA's own example clients, unchanged (``src/python/examples`` of triton-inference-server/client
+at r24.10, read from a clone at test time: they are in no wheel, and we commit no one else's code), as
+an unprivileged user against both servers: those that make an admin call are refused without
+``with-key`` and pass with it; the others pass either way. The repository holds seven models (the
+model-control examples count them) named as the examples ask: ``simple``, ``simple_string``,
+``simple_identity``, two more of the sum-and-difference kind, and ours.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,6 +38,7 @@ from lab_backends.client.with_key import BOOT_DIR
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX
 from lab_backends.server.processes import terminate
 from lab_backends.waiting import poll
+from tests.nvidia_examples import example_source
 from tests.reliability.serve_process import require_nginx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +60,16 @@ def as_out(x):
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        """Tensors for a config that names none: NVIDIA's model-control example loads {{"max_batch_size":"16"}}."""
+        if not config.as_dict().get("input"):
+            for name in ("INPUT0", "INPUT1"):
+                config.add_input({{"name": name, "data_type": "{dtype}", "dims": [16]}})
+            for name in ("OUTPUT0", "OUTPUT1"):
+                config.add_output({{"name": name, "data_type": "{dtype}", "dims": [16]}})
+        return config
+
     def execute(self, requests):
         responses = []
         for request in requests:
@@ -57,6 +79,28 @@ class TritonPythonModel:
                 pb_utils.Tensor("OUTPUT0", as_out(a + b)), pb_utils.Tensor("OUTPUT1", as_out(a - b))]))
         return responses
 '''
+IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+'''
+IDENTITY_CONFIG = '''name: "simple_identity"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+#: model -> its data type: ours (wk_*), and the names NVIDIA's examples ask for. Seven in all, with simple_identity,
+#: as simple_http_model_control.py expects of NVIDIA's test repository (it exits 1 unless the index holds 7;
+#: simple_grpc_model_control.py expects 8, and the test adds an eighth folder while it runs).
+SUM_AND_DIFFERENCE = {"wk_simple": "TYPE_INT32", "wk_string": "TYPE_STRING", "simple": "TYPE_INT32",
+                      "simple_string": "TYPE_STRING", "simple_int8": "TYPE_INT8", "simple_fp32": "TYPE_FP32"}
+
 CONFIG = '''name: "{name}"
 backend: "python"
 max_batch_size: 8
@@ -260,10 +304,13 @@ def served(request, tmp_path_factory):
     if request.param == "front door":
         require_nginx()
     tmp = tmp_path_factory.mktemp("with_key")
-    for name, dtype in (("wk_simple", "TYPE_INT32"), ("wk_string", "TYPE_STRING")):
+    for name, dtype in SUM_AND_DIFFERENCE.items():
         (tmp / "repo" / name / "1").mkdir(parents=True)
         (tmp / "repo" / name / "config.pbtxt").write_text(CONFIG.format(name=name, dtype=dtype))
-        (tmp / "repo" / name / "1" / "model.py").write_text(MODEL.format(strings=dtype == "TYPE_STRING"))
+        (tmp / "repo" / name / "1" / "model.py").write_text(MODEL.format(strings=dtype == "TYPE_STRING", dtype=dtype))
+    (tmp / "repo" / "simple_identity" / "1").mkdir(parents=True)
+    (tmp / "repo" / "simple_identity" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    (tmp / "repo" / "simple_identity" / "1" / "model.py").write_text(IDENTITY)
     for name, (source, _, _) in SCRIPTS.items():
         (tmp / f"{name}.py").write_text(PRELUDE + source)
     key_file, out, err = tmp / "admin.key", tmp / "serve.out", tmp / "serve.err"
@@ -281,7 +328,10 @@ def served(request, tmp_path_factory):
 
 def _run(served: Served, name: str, wrapped: bool) -> subprocess.CompletedProcess:
     address = {"http": served.http, "grpc": served.grpc, "both": f"{served.http},{served.grpc}"}[SCRIPTS[name][1]]
-    command = [sys.executable, str(served.tmp / f"{name}.py"), address]
+    return _run_command(served, [sys.executable, str(served.tmp / f"{name}.py"), address], wrapped)
+
+
+def _run_command(served: Served, command: list[str], wrapped: bool) -> subprocess.CompletedProcess:
     if wrapped:
         command = [*CLI, "with-key", "--key-file", str(served.key_file), "--", *command]
     return subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=120)
@@ -305,6 +355,103 @@ def test_the_key_file_banner_names_both_headers_and_with_key(served):
     assert f"gRPC metadata '{GRPC_HEADER_PREFIX}{ADMIN_HEADER}'" in served.banner
     assert f"lab-backends with-key --key-file {served.key_file}" in served.banner
     assert key not in served.banner
+
+
+#: example -> (the address it takes, the protocol of its first restricted call; None: it makes none). Left out: the
+#: shared-memory examples, which unregister every region right after their request, when Triton 2.51 may still
+#: answer "currently in use" (see PRELUDE): the look-alikes above retry that, NVIDIA's do not.
+EXAMPLES = {
+    "simple_grpc_infer_client": ("grpc", "grpc"),          # statistics
+    "simple_http_infer_client": ("http", "http"),
+    "simple_grpc_aio_infer_client": ("grpc", "grpc"),
+    "simple_http_aio_infer_client": ("http", "http"),
+    "simple_grpc_model_control": ("grpc", "grpc"),         # repository index, load, unload
+    "simple_http_model_control": ("http", "http"),
+    "simple_grpc_health_metadata": ("grpc", None),
+    "simple_http_health_metadata": ("http", None),
+    "simple_grpc_string_infer_client": ("grpc", None),
+    "simple_http_string_infer_client": ("http", None),
+    "simple_grpc_async_infer_client": ("grpc", None),
+    "simple_http_async_infer_client": ("http", None),
+}
+
+
+#: Who runs NVIDIA's examples: as root (CI is), an unprivileged user, as the issue asks; else whoever runs the tests.
+EXAMPLE_USER = "nobody"
+
+
+@pytest.fixture(scope="module")
+def nvidia_examples() -> Iterator[Path]:
+    """NVIDIA's example clients (tests/nvidia_examples.py), unchanged, where :data:`EXAMPLE_USER` reads them."""
+    sources = {name: example_source(name) for name in EXAMPLES}
+    folder = Path(tempfile.mkdtemp(prefix="nvidia-examples-"))
+    try:
+        folder.chmod(0o755)
+        for name, source in sources.items():
+            (folder / f"{name}.py").write_bytes(source)
+            (folder / f"{name}.py").chmod(0o644)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _as_example_user(served: Served, folder: Path, command: list[str], wrapped: bool) -> subprocess.CompletedProcess:
+    """``command``, under with-key or not, as :data:`EXAMPLE_USER` when we are root, with a key file of its own
+    (its owner's alone, as ``serve --admin-key-file`` writes one); as ourselves otherwise."""
+    if os.geteuid() != 0:
+        return _run_command(served, command, wrapped)
+    user = pwd.getpwnam(EXAMPLE_USER)
+    key_file = folder / f"{served.before.replace(' ', '_')}.key"
+    if not key_file.exists():
+        key_file.write_text(served.key_file.read_text())
+        os.chown(key_file, user.pw_uid, user.pw_gid)
+        key_file.chmod(0o600)
+    if wrapped:
+        command = [*CLI, "with-key", "--key-file", str(key_file), "--", *command]
+    # As the class runs a learner (deferred: the class's layer, only as root): the interpreter lives under /root
+    # (pyenv, 0700) here, which the spawner's mount namespace exposes; setpriv alone runs only the first python.
+    from lab_backends.classroom.spawner import namespace_command
+
+    return subprocess.run(namespace_command(EXAMPLE_USER, command), cwd="/", env={**_environment(), "HOME": "/"},
+                          capture_output=True, text=True, timeout=120)
+
+
+def _reload_simple(served: Served) -> None:
+    """The model-control example ends with `simple` unloaded: load it again, as its administrator would."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        client.load_model("simple", headers={ADMIN_HEADER: served.key_file.read_text().strip()})
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_nvidias_unchanged_example_passes_under_with_key_and_is_refused_its_admin_calls_without(
+        served, nvidia_examples, name):
+    kind, restricted = EXAMPLES[name]
+    address = served.http if kind == "http" else served.grpc
+    command = [sys.executable, str(nvidia_examples / f"{name}.py"), "-u", address]
+    bare = _as_example_user(served, nvidia_examples, command, wrapped=False)
+    said = f"rc {bare.returncode}\n{bare.stdout[-1500:]}\n{bare.stderr[-1500:]}"
+    if restricted:
+        assert bare.returncode != 0 and REFUSED[served.before][restricted] in bare.stdout + bare.stderr, said
+    else:
+        assert bare.returncode == 0 and "FAILED" not in bare.stdout and "error:" not in bare.stdout, said
+    eighth = served.tmp / "repo" / "simple_eighth"  # the gRPC model-control example counts 8 models, HTTP's 7
+    if name == "simple_grpc_model_control":
+        shutil.copytree(served.tmp / "repo" / "simple_fp32", eighth)
+        (eighth / "config.pbtxt").write_text(CONFIG.format(name=eighth.name, dtype="TYPE_FP32"))
+    try:
+        wrapped = _as_example_user(served, nvidia_examples, command, wrapped=True)
+    finally:
+        shutil.rmtree(eighth, ignore_errors=True)
+        if "model_control" in name:
+            _reload_simple(served)
+    assert wrapped.returncode == 0 and "FAILED" not in wrapped.stdout and "error:" not in wrapped.stdout, (
+        f"{name} under with-key: rc {wrapped.returncode}\n{wrapped.stdout[-1500:]}\n{wrapped.stderr[-1500:]}")
 
 
 #: Run under with-key without a server: which headers each client class would send (the hook itself).

@@ -41,7 +41,9 @@ from lab_backends.server.endpoints import statistics_payload
 from lab_backends.server.ports import port_is_free
 from lab_backends.server.processes import SHM_DIR, shm_regions
 from lab_backends.waiting import poll
+from tests.nvidia_examples import example_source
 from tests.reliability.test_front_door import AS_UNPRIVILEGED, REFUSED_AND_READY
+from tests.test_with_key import REFUSED
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "01_rest_and_grpc.ipynb"
@@ -273,6 +275,28 @@ def test_a_learner_cannot_crash_or_reach_the_shared_tritonserver(classroom: Any)
     assert reached == "none", f"{name} connected to tritonserver's own ports {reached}"
     assert found == "False", f"{name} read the admin key"
     assert _shared_triton(room) == before, "the shared tritonserver was restarted: the POST reached it"
+
+
+#: Runs one of NVIDIA's examples, its source on stdin, as its own ``__main__`` with ``-u`` the address given.
+AN_EXAMPLE = """
+import sys
+source, sys.argv = sys.stdin.read(), ["example.py", "-u", sys.argv[1]]
+exec(compile(source, "example.py", "exec"), {"__name__": "__main__"})
+"""
+
+
+def test_nvidias_unchanged_admin_examples_are_refused_to_a_learner(classroom: Any) -> None:
+    """A learner holds no key: NVIDIA's model-control examples, unchanged (their first call, the repository
+    index, is an admin API), are refused by the class's door in its own words, over HTTP and over gRPC."""
+    room = classroom
+    http, grpc, _ = room.settings()["triton_ports"]
+    name, server = next(iter(_learner_servers(room).items()))
+    for example, port, protocol in (("simple_http_model_control", http, "http"),
+                                    ("simple_grpc_model_control", grpc, "grpc")):
+        done = as_learner(name, server, AN_EXAMPLE, f"127.0.0.1:{port}", stdin=example_source(example).decode(),
+                          check=False)
+        assert done.returncode != 0 and REFUSED["front door"][protocol] in done.stderr, (
+            f"{example} as {name}: exit {done.returncode}\n{done.stdout[-1000:]}\n{done.stderr[-2000:]}")
 
 
 def _door_access_log(room: Any) -> Path:
