@@ -95,13 +95,21 @@ def counted(server: Any, model: str, experiment: Callable[[], T], timeout_s: flo
     and count the calls logged meanwhile. ``model`` stays unloaded: load it again to use it.
 
     The model must not be loaded with the call_log strategy already (its unload would log into this
-    count); the wait for ``BatcherFinalize`` makes the next call safe.
+    count). Returns once the unload has finished: ``BatcherFinalize`` logged, and Triton's "successfully
+    unloaded" (core ``model_lifecycle.cc`` L624 at r24.10, logged when the model object is destroyed, its
+    instances and stubs with it). The unload call returns before that, and a load of the same model while
+    the old instances were still going down once lost its new stub's shared-memory region (the stub:
+    "Unable to initialize shared memory key ... No such file or directory"): that load hung for good
+    (a fresh clone's ``make test`` beside a one-core hog, 2026-12-04).
     """
     start = len(server.log_text())
     result = experiment()
     server.unload_model(model)
-    text = poll(lambda: server.log_text()[start:], lambda t: f"{TAG}BatcherFinalize" in t, timeout_s)
-    if f"{TAG}BatcherFinalize" not in text:
+    done = (f"{TAG}BatcherFinalize", f"successfully unloaded '{model}'")
+    text = poll(lambda: server.log_text()[start:], lambda t: all(line in t for line in done), timeout_s)
+    if done[0] not in text:
         raise MeasuredClaimError(f"'{model}' did not log BatcherFinalize within {timeout_s:g} s of its unload: "
                                  f"was it loaded with the call_log strategy? (log: {server.log_path})")
+    if done[1] not in text:
+        raise MeasuredClaimError(f"'{model}' was not unloaded within {timeout_s:g} s (log: {server.log_path})")
     return result, count_calls(text)
