@@ -104,11 +104,12 @@ def learner_command(home: Path, lessons: list[str]) -> list[str]:
 
 def start(sandbox: Sandbox, limits: LearnerLimits, logs: Path) -> None:
     """The learner's course copy (with the stage's nbval hooks), limits and network; then their nbval run."""
-    home = Path(pwd.getpwnam(sandbox.name).pw_dir)
+    entry = pwd.getpwnam(sandbox.name)
+    home = Path(entry.pw_dir)
     copy_course(NOTEBOOK_DIR, home, sandbox.name)
     hooks = home / "notebooks" / "conftest.py"  # not part of the course (copy_course leaves it out): the stage's
     shutil.copy(NOTEBOOK_DIR / "conftest.py", hooks)
-    os.chown(hooks, pwd.getpwnam(sandbox.name).pw_uid, pwd.getpwnam(sandbox.name).pw_gid)
+    os.chown(hooks, entry.pw_uid, entry.pw_gid)
     sandbox.groups = cgroups.create(sandbox.name, limits)
     sandbox.network = open_network(sandbox.name, inward=[], outward=[])
     sandbox.log = logs / f"{sandbox.name}.log"

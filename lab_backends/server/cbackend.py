@@ -185,14 +185,19 @@ def sources() -> dict[str, Path]:
     }
 
 
+def outdated(target: Path, inputs: Iterable[Path]) -> bool:
+    """True when ``target`` is missing or older than any of ``inputs``: the one staleness rule of every
+    library built here (backends, strategies, framework backends, the preload)."""
+    if not target.exists():
+        return True
+    built = target.stat().st_mtime
+    return any(p.stat().st_mtime > built for p in inputs)
+
+
 def is_stale(name: str, source: Path, backend_dir: Path = BACKEND_DIR) -> bool:
     """True when the library is missing or older than its source, a shared header, or the server
     library it links (a reinstalled wheel may rename ``libtritonserver-<hash>.so``)."""
-    target = library_path(name, backend_dir)
-    if not target.exists():
-        return True
-    inputs = [source, *INCLUDE_DIR.glob("*.h"), _server_library()]
-    return any(p.stat().st_mtime > target.stat().st_mtime for p in inputs)
+    return outdated(library_path(name, backend_dir), [source, *INCLUDE_DIR.glob("*.h"), _server_library()])
 
 
 def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dict[str, Path]:
@@ -243,8 +248,7 @@ def build_all_strategies(strategy_dir: str | Path = STRATEGY_DIR, force: bool = 
     built: dict[str, Path] = {}
     for name, source in strategy_sources().items():
         target = strategy_path(name, Path(strategy_dir))
-        inputs = [source, *INCLUDE_DIR.glob("*.h"), _server_library()]
-        if force or not target.exists() or any(p.stat().st_mtime > target.stat().st_mtime for p in inputs):
+        if force or outdated(target, [source, *INCLUDE_DIR.glob("*.h"), _server_library()]):
             build_strategy(source, name, strategy_dir)
         built[name] = target
     return built

@@ -60,7 +60,7 @@ class WriteAfterFree:
 
 def is_stale(library: Path = LIBRARY) -> bool:
     """True when the library is missing or older than its source."""
-    return not library.exists() or SOURCE.stat().st_mtime > library.stat().st_mtime
+    return cbackend.outdated(library, [SOURCE])
 
 
 def build(library: Path = LIBRARY, *, force: bool = False) -> Path:

@@ -121,13 +121,12 @@ def tensorflow_is_stale(backend_dir: Path = BACKEND_DIR, runtime: FrameworkRunti
     """True when the library is missing or older than any file of its source folder (its local
     headers included), a shared header, the server library or TensorFlow's libraries."""
     target = cbackend.library_path(TENSORFLOW_BACKEND, Path(backend_dir))
-    if not target.exists():
+    if not target.exists():  # before the runtime is looked up (cbackend.outdated would say the same)
         return True
     runtime = runtime or tensorflow_runtime()
     inputs = [*tensorflow_source().parent.iterdir(), *cbackend.INCLUDE_DIR.glob("*.h"),
               find_bundle().server_library(), *runtime.libraries]
-    built = target.stat().st_mtime
-    return any(p.is_file() and p.stat().st_mtime > built for p in inputs)
+    return cbackend.outdated(target, (p for p in inputs if p.is_file()))
 
 
 def build_tensorflow(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False) -> Path:
@@ -180,10 +179,9 @@ def libtorch_inputs(runtime: FrameworkRuntime) -> list[Path]:
 def libtorch_is_stale(backend_dir: Path = BACKEND_DIR, runtime: FrameworkRuntime | None = None) -> bool:
     """True when the library is missing or older than any of :func:`libtorch_inputs`."""
     target = cbackend.library_path(LIBTORCH_BACKEND, Path(backend_dir))
-    if not target.exists():
+    if not target.exists():  # before the runtime is looked up (cbackend.outdated would say the same)
         return True
-    built = target.stat().st_mtime
-    return any(p.is_file() and p.stat().st_mtime > built for p in libtorch_inputs(runtime or libtorch_runtime()))
+    return cbackend.outdated(target, (p for p in libtorch_inputs(runtime or libtorch_runtime()) if p.is_file()))
 
 
 def cxx11_abi() -> int:
