@@ -1,0 +1,184 @@
+"""The front door's request rules (lab_backends/server/door_rules.py), without a server: every crasher of
+Triton 2.51 is refused with a one-line reason, and a legitimate request of every model's shapes passes.
+Costs about a second."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.door_rules import (
+    DOOR,
+    MAX_DEPTH,
+    VARIABLE_ELEMENTS,
+    ModelRules,
+    check_grpc,
+    check_http,
+    nesting_depth,
+    parse_json,
+)
+from lab_backends.server.repository import model_dirs, read_config
+from tests.reliability.test_crashes import HUGE_SHAPE, NESTED, binary_overflow_request
+
+MODELS = {name: ModelRules.from_config(read_config(path), name)
+          for name, path in model_dirs([MODEL_REPOSITORY]).items()}
+ECHO = MODELS["echo"]
+NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "UINT16": np.uint16, "INT16": np.int16,
+         "FP16": np.float16, "UINT32": np.uint32, "INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64,
+         "INT64": np.int64, "FP64": np.float64, "BYTES": np.object_}
+
+
+def _tensor(datatype: str, shape: list[int]) -> np.ndarray:
+    if datatype == "BYTES":
+        return np.array([b"lesson"] * int(np.prod(shape)), dtype=np.object_).reshape(shape)
+    return np.ones(shape, NUMPY[datatype])
+
+
+def _legit(model: ModelRules, batch: int, variable: int) -> dict[str, np.ndarray]:
+    """One tensor per input of the model's config, at ``batch`` (if it batches), -1 dims of ``variable``."""
+    lead = [batch] if model.max_batch_size else []
+    return {name: _tensor(rule.datatype, lead + [variable if d < 0 else d for d in rule.dims])
+            for name, rule in model.inputs.items()}
+
+
+def _http_body(tensors: dict[str, np.ndarray], binary: bool) -> tuple[bytes, int | None]:
+    inputs = []
+    for name, array in tensors.items():
+        datatype = "BYTES" if array.dtype == np.object_ else httpclient.np_to_triton_dtype(array.dtype)
+        tensor = httpclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    body, header_length = httpclient.InferenceServerClient.generate_request_body(inputs)
+    return body, header_length
+
+
+def _grpc_request(model: str, tensors: dict[str, np.ndarray], raw: bool = True) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, array in tensors.items():
+        datatype = "BYTES" if array.dtype == np.object_ else grpcclient.np_to_triton_dtype(array.dtype)
+        tensor = request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if raw:
+            tensor_input = grpcclient.InferInput(name, list(array.shape), datatype)
+            tensor_input.set_data_from_numpy(array)
+            request.raw_input_contents.append(tensor_input._get_content())
+        elif datatype == "FP32":
+            tensor.contents.fp32_contents.extend(array.reshape(-1).tolist())
+    return request
+
+
+def _refused(refusal, status: int, *words: str) -> None:
+    assert refusal is not None and refusal.status == status, refusal
+    assert refusal.message.startswith(DOOR) and "\n" not in refusal.message, refusal
+    assert all(word in refusal.message for word in words), refusal.message
+
+
+# The crashers of Triton 2.51 (docs/reliability.md, platform notes "Crashers that need no size" and "Upstream defects").
+
+def test_200000_nested_brackets_are_refused_before_any_parser_recurses():
+    _refused(check_http("echo", ECHO, NESTED), 400, "nested 200001 deep", f"at most {MAX_DEPTH}")
+    _refused(parse_json(NESTED)[1], 400, "nested")
+    assert nesting_depth(b'{"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\"["}') == 1
+
+
+def test_a_huge_json_shape_with_one_datum_is_refused():
+    _refused(check_http("rel_double", None, HUGE_SHAPE), 400, "1,099,511,627,776 elements", "data has 1")
+    _refused(check_http("echo", ECHO, HUGE_SHAPE), 413, "1,099,511,627,776 elements", f"allows {VARIABLE_ELEMENTS:,}")
+
+
+@pytest.mark.parametrize("shape", [[4611686018427387905], [1, 4611686018427387905], [1 << 62, 4]])
+def test_a_binary_shape_that_wraps_64_bits_is_refused_exactly(shape):
+    body, headers = binary_overflow_request(shape)
+    length = int(headers["Inference-Header-Content-Length"])
+    _refused(check_http("x", None, body, length), 400, "binary_data_size is 4")
+    refusal = check_http("echo", ECHO, body, length)
+    assert refusal is not None and refusal.status in (400, 413), refusal
+
+
+def test_grpc_shapes_that_wrap_or_claim_more_than_sent_are_refused():
+    request = service_pb2.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[4611686018427387905])
+    request.raw_input_contents.append(np.float32(1).tobytes())
+    _refused(check_grpc(None, request), 400, "raw contents are 4")
+    _refused(check_grpc(ECHO, request), 413, "allows")
+    assert check_grpc(ECHO, request).grpc_code == "RESOURCE_EXHAUSTED"
+    request.inputs[0].shape[:] = [-1]
+    _refused(check_grpc(None, request), 400, "non-negative")
+    assert check_grpc(None, request).grpc_code == "INVALID_ARGUMENT"
+    typed = service_pb2.ModelInferRequest(model_name="echo")
+    typed.inputs.add(name="INPUT0", datatype="FP32", shape=[1 << 40]).contents.fp32_contents.append(1.0)
+    _refused(check_grpc(None, typed), 400, "contents have 1")
+
+
+# Legitimate requests: every model of the repository, at batch 1 and at its max batch, JSON and binary, HTTP and gRPC.
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_models_legitimate_requests_pass(name):
+    model = MODELS[name]
+    for batch in sorted({1, max(1, model.max_batch_size)}):
+        tensors = _legit(model, batch, 16)
+        for binary in (False, True):
+            body, length = _http_body(tensors, binary)
+            assert check_http(name, model, body, length) is None, (batch, binary)
+        assert check_grpc(model, _grpc_request(name, tensors)) is None
+
+
+def test_the_largest_lesson_request_passes_and_one_element_more_does_not():
+    """Lesson 01's exercise sends 1 << 21 float32 to echo (binary and gRPC)."""
+    big = np.zeros(VARIABLE_ELEMENTS, np.float32)
+    body, length = _http_body({"INPUT0": big}, True)
+    assert check_http("echo", ECHO, body, length) is None
+    assert check_grpc(ECHO, _grpc_request("echo", {"INPUT0": big})) is None
+    bigger = np.zeros(VARIABLE_ELEMENTS + 1, np.float32)
+    body, length = _http_body({"INPUT0": bigger}, True)
+    _refused(check_http("echo", ECHO, body, length), 413, "split it into smaller requests")
+    _refused(check_grpc(ECHO, _grpc_request("echo", {"INPUT0": bigger})), 413)
+
+
+def test_typed_grpc_contents_and_shared_memory_pass_when_consistent():
+    x = np.ones((1, 64), np.float32)
+    assert check_grpc(MODELS["digits_onnx"], _grpc_request("digits_onnx", {"PIXELS": x}, raw=False)) is None
+    shm = {"name": "INPUT0", "shape": [1024], "datatype": "FP32",
+           "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 4096}}
+    assert check_http("echo", ECHO, json.dumps({"inputs": [shm]}).encode()) is None
+    shm["shape"] = [1025]
+    _refused(check_http("echo", ECHO, json.dumps({"inputs": [shm]}).encode()), 400, "shared memory holds 4,096")
+
+
+# What learners really get wrong: named, with the fix.
+
+@pytest.mark.parametrize("body, words", [
+    (b"{not json", ("not valid JSON",)),
+    (b"[]", ('"inputs" list',)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, 64], "datatype": "FP33", "data": []}]}', ("FP33",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, 63], "datatype": "FP32", "data": [1]}]}', ("[1..64, 64]",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [64], "datatype": "FP32", "data": [1]}]}', ("[1..64, 64]",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [65, 64], "datatype": "FP32", "data": [1]}]}', ("[1..64, 64]",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, 64], "datatype": "FP32", "data": [1, 2]}]}', ("data has 2",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, -64], "datatype": "FP32", "data": [1]}]}', ("non-negative",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, true], "datatype": "FP32", "data": [1]}]}', ("non-negative",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, 64], "datatype": "FP32"}]}', ("carries no data",)),
+    (b'{"inputs": [{"name": "PIXELS", "shape": [1, 64], "datatype": "FP32", '
+     b'"parameters": {"binary_data_size": 256}}]}', ("Inference-Header-Content-Length",)),
+    (b'{"inputs": [], "outputs": "LOGITS"}', ('"outputs"',)),
+])
+def test_malformed_requests_are_named(body, words):
+    _refused(check_http("digits_onnx", MODELS["digits_onnx"], body), 400, *words)
+
+
+def test_binary_sizes_must_add_up_to_the_body():
+    body, length = _http_body({"PIXELS": np.ones((1, 64), np.float32)}, True)
+    _refused(check_http("digits_onnx", MODELS["digits_onnx"], body + b"xx", length), 400, "adds up to 256")
+    _refused(check_http("digits_onnx", MODELS["digits_onnx"], body, len(body) + 1), 400, "Inference-Header")
+
+
+def test_configs_without_inputs_get_the_data_checks_only():
+    model = ModelRules("auto", 8)
+    assert check_http("auto", model, b'{"inputs": [{"name": "X", "shape": [3], "datatype": "FP32", '
+                                     b'"data": [1, 2, 3]}]}') is None
+    _refused(check_http("auto", model, HUGE_SHAPE), 400, "data has 1")
