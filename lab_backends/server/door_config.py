@@ -21,9 +21,15 @@ r24.10 (server ``src/http_server.cc``, ``src/grpc/grpc_server.cc``):
 - **each learner's fair share** (:mod:`lab_backends.server.door_share`, a class's door): who sent a
   request, and how much of the door each learner may hold.
 
+- **inference requests that crash Triton 2.51 -> 400/413** (nested JSON, shapes claiming more than
+  they carry or than the model's config allows): with ``gateway_*_port`` set, every HTTP request with
+  a body (POST, PUT, PATCH) and the gRPC methods ``ModelInfer`` and ``ModelStreamInfer`` go through the
+  validating gateway (:mod:`lab_backends.server.door_gateway`, rules in
+  :mod:`lab_backends.server.door_rules`), which also bounds each stream message and a stream's total;
+  other requests go straight to tritonserver.
+
 What it does not refuse: a gRPC load's model name (it travels inside a protobuf message nginx does not
-read: the key is what guards it), and Triton's small crashers (200 kB of nested JSON): those need
-Triton's fix, ``serve --restart`` brings the server back meanwhile.
+read: the key is what guards it).
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ class DoorSettings:
     worker_group: str = "nogroup"
     #: Per-learner identity and limits (a class); ``None``: everyone is ``-`` and nothing is limited.
     fair_share: FairShare | None = None
+    #: The validating gateway's ports (door_gateway.py); ``None``: requests go to tritonserver unchecked.
+    gateway_http_port: int | None = None
+    gateway_grpc_port: int | None = None
 
     @property
     def access_log(self) -> Path:
@@ -198,7 +207,24 @@ def _http_common(s: DoorSettings) -> list[str]:
         lines += [f'    "{_quoted(s.admin_key)}" 1;'] if s.admin_key is not None else []
         lines += ["}", f'map "$door_{name}_restricted:$door_{name}_key_ok" $door_{name}_refused {{',
                   "    default 0;", '    "1:0" 1;', "}"]
-    return lines + learners_lines(s.fair_share)
+    return lines + learners_lines(s.fair_share) + _upstreams(s)
+
+
+def _upstreams(s: DoorSettings) -> list[str]:
+    """Where HTTP requests go: those with a body to the gateway (when there is one), the rest to tritonserver.
+
+    ``max_fails=0``: a tritonserver that crashed is tried again at once when it is back, not after
+    nginx's 10 s of marking it down. Kept-alive connections to the gateway save a TCP handshake a request.
+    """
+    if s.gateway_http_port is None:
+        return []
+    return [
+        "upstream door_triton {", f"    server {s.host}:{s.triton_http_port} max_fails=0;", "}",
+        "upstream door_gateway {", f"    server {s.host}:{s.gateway_http_port} max_fails=0;", "    keepalive 32;", "}",
+        "map $request_method $door_http_upstream {",
+        "    default door_triton;", "    POST door_gateway;", "    PUT door_gateway;", "    PATCH door_gateway;",
+        "}",
+    ]
 
 
 def _http_server(s: DoorSettings) -> list[str]:
@@ -222,7 +248,8 @@ def _http_server(s: DoorSettings) -> list[str]:
         refuse("$door_http_refused", 403, "the front door refuses this admin API without the admin key: send it "
                f"as header {ADMIN_HEADER} (or run the client under lab-backends with-key)"),
         "    location / {",
-        f"        proxy_pass http://{s.host}:{s.triton_http_port};",
+        f"        proxy_pass http://{s.host}:{s.triton_http_port};" if s.gateway_http_port is None else
+        "        proxy_pass http://$door_http_upstream;",
         "        proxy_http_version 1.1;",
         '        proxy_set_header Connection "";',
         "        proxy_request_buffering off;",
@@ -249,8 +276,11 @@ def _grpc_server(s: DoorSettings) -> list[str]:
               f'"the front door refuses this admin method without the admin key: send it as metadata '
               f"{GRPC_HEADER_PREFIX}{ADMIN_HEADER} (or run the client under lab-backends with-key)\" always; "
               "return 200; }")
-    proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", "        grpc_read_timeout 3600s;",
-             "        grpc_send_timeout 3600s;", *location_limits(s.fair_share)]
+    timeouts = ["        grpc_read_timeout 3600s;", "        grpc_send_timeout 3600s;", *location_limits(s.fair_share)]
+    proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", *timeouts]
+    # The inference methods through the validating gateway, when there is one: it bounds a stream's messages.
+    checked = proxy if s.gateway_grpc_port is None else [f"        grpc_pass grpc://{s.host}:{s.gateway_grpc_port};",
+                                                          *timeouts]
     busy = [
         "    error_page 429 = @too_many;",
         "    location @too_many {",
@@ -269,11 +299,20 @@ def _grpc_server(s: DoorSettings) -> list[str]:
         f'        add_header grpc-status 14 always; add_header grpc-message "{TRITON_DOWN}" always;',
         "        return 200;",
         "    }",
+        # A unary message over the body limit: RESOURCE_EXHAUSTED in words, not a bare HTTP 413.
+        "    error_page 413 = @too_large;",
+        "    location @too_large {",
+        "        default_type application/grpc;",
+        f'        add_header grpc-status 8 always; add_header grpc-message "the front door refuses gRPC messages '
+        f'over {s.body_limit} bytes (the largest request a served model can take): send a smaller batch" always;',
+        "        return 200;",
+        "    }",
         *busy,
         f"    location = /{GRPC_SERVICE}/ModelStreamInfer {{",
-        "        client_max_body_size 0;  # a stream's messages add up to one body: no limit",
-        *proxy,
+        "        client_max_body_size 0;  # a stream's messages add up to one body: only the gateway bounds it",
+        *checked,
         "    }",
+        *([f"    location = /{GRPC_SERVICE}/ModelInfer {{", *checked, "    }"] if s.gateway_grpc_port else []),
         "    location / {",
         "        default_type application/grpc;  # what the refusal below answers as",
         refuse,

@@ -13,20 +13,27 @@ server): clients get a 503 that says the server is restarting.
 
 The key never goes on nginx's command line or into its environment: it is in the config file, in a
 folder only this user can read (0700; nginx reads the file before it drops to ``worker_user``).
+
+Behind nginx, before tritonserver, the validating gateway (:mod:`lab_backends.server.door_gateway`)
+checks every inference request against the served models' configs (Triton 2.51 crashes on some that
+no client sends: :mod:`lab_backends.server.door_rules`). It starts first (its ports go into nginx's
+config), within :data:`GATEWAY_DEADLINE_S`, and stops after nginx, by PID, with a watchdog of its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lab_backends.errors import FrontDoorError
 from lab_backends.server.admin import write_private
-from lab_backends.server.door_config import DoorSettings, FairShare, body_limit, render
+from lab_backends.server.door_config import TRITON_DOWN, DoorSettings, FairShare, body_limit, render
+from lab_backends.server.door_gateway import GatewaySettings
 from lab_backends.server.netns import PublicPorts
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
@@ -36,6 +43,11 @@ from lab_backends.waiting import poll
 
 NGINX = "/usr/sbin/nginx"
 START_DEADLINE_S = 10.0
+#: The gateway imports grpc, aiohttp, numpy and tritonclient first: ~1 s here, more on a loaded machine.
+GATEWAY_DEADLINE_S = 60.0
+#: A gRPC stream may carry this many of the largest messages in all (nginx cannot bound a stream; a 256 MiB
+#: message took tritonserver to 3.39 GB for good): past it, RESOURCE_EXHAUSTED, and a new stream goes on.
+STREAM_MESSAGES = 64
 
 
 def nginx_binary() -> str:
@@ -63,7 +75,7 @@ def read_fair_share(path: Path, limits: dict[str, int]) -> FairShare:
 
 
 def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path,
-             share: FairShare | None = None) -> "FrontDoor":
+             share: FairShare | None = None, validate: bool = True) -> "FrontDoor":
     """The door before a running local ``server``, on the sockets ``ports`` holds.
 
     Its body limit is sized to every model of the server's repositories (any of them can be loaded
@@ -73,13 +85,23 @@ def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workd
     """
     configs = [read_config(d) for d in model_dirs(server.options.model_repositories).values()
                if config_problem(d) is None]
+    limit = body_limit(configs)
     return FrontDoor(DoorSettings(
         http_port=ports.port("http"), grpc_port=ports.port("grpc"), metrics_port=ports.port("metrics"),
         triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
-        triton_metrics_port=server.metrics_port, workdir=workdir, body_limit=body_limit(configs),
+        triton_metrics_port=server.metrics_port, workdir=workdir, body_limit=limit,
         restricted_apis=access.restricted_apis, admin_key=access.admin_key,
         worker_user="nobody" if os.geteuid() == 0 else None, fair_share=share,
-    ), ports)
+    ), ports, gateway_settings(server, workdir, limit) if validate else None)
+
+
+def gateway_settings(server: TritonServer, workdir: Path, limit: int) -> GatewaySettings:
+    """The validating gateway's settings before ``server``: its repositories, and the door's body limit
+    for one HTTP body or gRPC message (:data:`STREAM_MESSAGES` of them for a stream)."""
+    return GatewaySettings(
+        triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
+        repositories=tuple(str(r) for r in server.options.model_repositories), message_limit=limit,
+        stream_limit=STREAM_MESSAGES * limit, ready_file=str(workdir / "gateway.ready"), triton_down=TRITON_DOWN)
 
 
 def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
@@ -93,6 +115,8 @@ def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
         f"  metrics   : http://{s.host}:{s.metrics_port}/metrics",
         f"  front door: nginx (pid {door.pid}), its log {s.access_log}; tritonserver's own ports {server.http_port} "
         f"and {server.grpc_port} are not for clients ({where})",
+        *([f"  validation: door_gateway (pid {door.gateway.pid}) checks each inference request against the "
+           f"models' configs, its log {door.gateway.log}"] if door.gateway and door.gateway.pid else []),
     ]
 
 
@@ -117,11 +141,12 @@ class FrontDoor:
     listening, within :data:`START_DEADLINE_S`) and stops it by PID on the way out.
     """
 
-    def __init__(self, settings: DoorSettings, ports: PublicPorts) -> None:
+    def __init__(self, settings: DoorSettings, ports: PublicPorts, gateway: GatewaySettings | None = None) -> None:
         self.settings = settings
         self.ports = ports  # bound already: nginx inherits them (netns.py)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
+        self.gateway = Gateway(gateway, settings.workdir, settings.admin_key) if gateway else None
 
     @property
     def pid(self) -> int | None:
@@ -139,6 +164,14 @@ class FrontDoor:
         self.stop()
 
     def start(self) -> None:
+        if self.gateway is not None:
+            self._prepare_workdir()
+            try:
+                http_port, grpc_port = self.gateway.start()
+            except FrontDoorError:
+                self.stop()
+                raise
+            self.settings = replace(self.settings, gateway_http_port=http_port, gateway_grpc_port=grpc_port)
         s = self.settings
         self._write_config()
         nginx = nginx_binary()
@@ -168,6 +201,8 @@ class FrontDoor:
             terminate(self.proc, grace_s=5.0)
         if self._watchdog is not None:
             terminate(self._watchdog, grace_s=5.0)
+        if self.gateway is not None:
+            self.gateway.stop()
 
     def error_tail(self, lines: int = 3) -> str:
         path = self.settings.error_log
@@ -181,6 +216,10 @@ class FrontDoor:
     def _write_config(self) -> None:
         """The config holds the key: created 0600 in a folder others cannot list (0700; 0711 when root's
         nginx hands its workers to ``worker_user``, who must reach their temp folders in it)."""
+        self._prepare_workdir()
+        write_private(self.config_path, render(self.settings))
+
+    def _prepare_workdir(self) -> None:
         s = self.settings
         mode = 0o711 if s.worker_user else 0o700
         s.workdir.mkdir(mode=mode, parents=True, exist_ok=True)
@@ -189,7 +228,54 @@ class FrontDoor:
             (s.workdir / temp).mkdir(mode=0o700, exist_ok=True)
             if s.worker_user:  # the workers write large request bodies here
                 shutil.chown(s.workdir / temp, user=s.worker_user, group=s.worker_group)
-        write_private(self.config_path, render(self.settings))
+
+
+class Gateway:
+    """The validating gateway process (:mod:`lab_backends.server.door_gateway`), started and stopped by PID.
+
+    Its environment is serve's minus anything holding the admin key (it needs none: nginx checks it).
+    """
+
+    def __init__(self, settings: GatewaySettings, workdir: Path, admin_key: str | None) -> None:
+        self.settings, self.workdir, self._key = settings, workdir, admin_key
+        self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "gateway.log"
+
+    def start(self) -> tuple[int, int]:
+        """Start it; its HTTP and gRPC ports once both listen, within :data:`GATEWAY_DEADLINE_S`."""
+        ready, path = Path(self.settings.ready_file), self.workdir / "gateway.json"
+        ready.unlink(missing_ok=True)
+        self.settings.write(path)
+        env = {k: v for k, v in os.environ.items() if not (self._key and self._key in v)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "lab_backends.server.door_gateway", str(path)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                         env=env)
+        self._watchdog = subprocess.Popen([sys.executable, "-m", "lab_backends.server.watchdog", str(os.getpid()),
+                                           str(self.proc.pid), "5"], start_new_session=True)
+        poll(lambda: self.proc.poll() is not None or ready.exists(), bool, GATEWAY_DEADLINE_S, 0.05)
+        if self.proc.poll() is not None or not ready.exists():
+            logged = self.log.read_text(errors="replace") if self.log.exists() else ""
+            tail = " | ".join(logged.strip().splitlines()[-3:])
+            self.stop()
+            raise FrontDoorError(f"the front door's gateway did not start within {GATEWAY_DEADLINE_S:g} s: "
+                                 f"{tail or 'nothing logged'} (its log: {self.log})")
+        where = json.loads(ready.read_text())
+        return int(where["http_port"]), int(where["grpc_port"])
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate(self.proc, grace_s=5.0)
+        if self._watchdog is not None:
+            terminate(self._watchdog, grace_s=5.0)
 
 
 def _plain_env() -> dict[str, str]:

@@ -1,0 +1,190 @@
+"""The front door's validating gateway on a real tritonserver: Triton 2.51's crashers are refused with 4xx
+(HTTP) or INVALID_ARGUMENT / RESOURCE_EXHAUSTED (gRPC), tritonserver and its stubs live on, and the
+lessons' requests are still answered, HTTP and gRPC, unary and streamed.
+
+One ``serve --front-door --restart`` for the module (~10 s to start) on a copy of ``rel_double``,
+``echo`` and ``stream_topk``; the tests together take ~15 s more. A refusal is told apart from
+Triton's own answer by the door's wording, and "tritonserver lived" by its PID and serve's stderr
+(no "restarted"), and each stub by a correct answer afterwards (a dead stub answers 500 for good).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from lab_backends import rest
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server.door_rules import DOOR
+from lab_backends.server.processes import alive
+from tests.reliability.conftest import TEST_MODELS
+from tests.reliability.serve_process import Serve, require_nginx
+from tests.reliability.test_crashes import HUGE_SHAPE, NESTED, binary_overflow_request
+
+pytestmark = pytest.mark.server
+MODELS = {"rel_double": TEST_MODELS, "echo": MODEL_REPOSITORY, "stream_topk": MODEL_REPOSITORY}
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    require_nginx()
+    tmp = tmp_path_factory.mktemp("validation")
+    for name, repository in MODELS.items():
+        shutil.copytree(repository / name, tmp / "repo" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    serve = Serve(tmp, "--front-door", "--open-admin-apis", "--restart", "--model-repository", str(tmp / "repo"),
+                  *[flag for name in MODELS if name != "rel_double" for flag in ("--model", name)])
+    try:
+        assert "validation: door_gateway (pid" in serve.text, serve.text
+        yield serve
+    finally:
+        serve.stop()
+    assert serve.proc.returncode == 0
+
+
+def _lived(door: Serve, pid: int) -> None:
+    """tritonserver is the one that started (no crash, no restart) and every stub still answers right."""
+    assert door.pid == pid and alive(pid), "tritonserver died behind the door"
+    assert "restarted" not in door.err.read_text(), door.err.read_text()[-500:]
+    client = httpclient.InferenceServerClient(door.http)
+    try:
+        x = np.arange(16, dtype=np.float32)
+        for model, shape, want in (("rel_double", (1, 16), 2 * x), ("echo", (16,), x)):
+            tensor = httpclient.InferInput("INPUT0", list(shape), "FP32")
+            tensor.set_data_from_numpy(x.reshape(shape))
+            np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("OUTPUT0").reshape(-1), want)
+    finally:
+        client.close()
+
+
+def _post(door: Serve, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    status, answer = rest.request(f"http://{door.http}{path}", "POST", body, headers, timeout=60)
+    return status, json.loads(answer).get("error", "")
+
+
+def test_the_http_crashers_are_refused_and_tritonserver_and_its_stubs_live_on(door):
+    pid = door.pid
+    overflow, binary_headers = binary_overflow_request([4611686018427387905])
+    crashers = [
+        ("/v2/models/echo/infer", NESTED, {"Content-Type": "application/json"}, 400, "nested"),
+        ("/v2/models/echo/infer", NESTED, {"Content-Type": "text/plain"}, 400, "nested"),
+        ("/v2/models/echo/generate", NESTED, {"Content-Type": "text/plain"}, 400, "nested"),
+        ("/v2/logging", NESTED, {"Content-Type": "application/json"}, 400, "nested"),
+        ("/v2/models/echo/infer", gzip.compress(NESTED), {"Content-Encoding": "gzip"}, 400, "nested"),
+        ("/v2/models/rel_double/infer", HUGE_SHAPE, {"Content-Type": "application/json"}, 400, "shape"),
+        ("/v2/models/echo/infer", HUGE_SHAPE, {"Content-Type": "application/json"}, 413, "elements"),
+        ("/v2/models/echo/infer", overflow, binary_headers, 413, "4,611,686,018,427,387,905 elements"),
+        ("/v2/models/echo/versions/1/infer", overflow, binary_headers, 413, "4,611,686,018,427,387,905 elements"),
+        ("/v2/models/rel_double/infer", overflow, binary_headers, 400, "[1..8, 16]"),
+    ]
+    for path, body, headers, status, words in crashers:
+        answer = _post(door, path, body, headers)
+        assert answer[0] == status and answer[1].startswith(DOOR) and words in answer[1], (path, answer)
+    _lived(door, pid)
+
+
+def test_lesson_requests_pass_json_binary_and_compressed(door):
+    """Lesson 01's fast-mode large tensor (1 << 16 float32 to echo) binary, 1 << 14 as JSON (1 << 16 written
+    out passes the door's 1 MiB body limit), each plain, gzip and deflate; and rel_double at batch 8."""
+    client = httpclient.InferenceServerClient(door.http)
+    try:
+        for binary, size in ((True, 1 << 16), (False, 1 << 14)):
+            big = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+            for compression in (None, "gzip", "deflate"):
+                tensor = httpclient.InferInput("INPUT0", [big.size], "FP32")
+                tensor.set_data_from_numpy(big, binary_data=binary)
+                out = client.infer("echo", [tensor], request_compression_algorithm=compression)
+                np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), big)
+        batch = np.ones((8, 16), np.float32)
+        tensor = httpclient.InferInput("INPUT0", [8, 16], "FP32")
+        tensor.set_data_from_numpy(batch)
+        np.testing.assert_array_equal(client.infer("rel_double", [tensor]).as_numpy("OUTPUT0"), 2 * batch)
+        tensor = httpclient.InferInput("INPUT0", [9, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((9, 16), np.float32))
+        with pytest.raises(Exception, match="1..8, 16"):
+            client.infer("rel_double", [tensor])
+    finally:
+        client.close()
+
+
+def _raw_request(shape: list[int], data: bytes, model: str = "echo") -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+    request.raw_input_contents.append(data)
+    return request
+
+
+def test_grpc_unary_crashers_are_refused_and_lessons_pass(door):
+    pid = door.pid
+    with grpc.insecure_channel(door.grpc, options=[("grpc.max_send_message_length", -1)]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        nope = _raw_request([4611686018427387905], b"\0" * 4, "nope")  # no config: checked against its data
+        for request, code in ((_raw_request([4611686018427387905], b"\0" * 4), grpc.StatusCode.RESOURCE_EXHAUSTED),
+                              (nope, grpc.StatusCode.INVALID_ARGUMENT),
+                              (_raw_request([1 << 40], b"\0" * 4), grpc.StatusCode.RESOURCE_EXHAUSTED),
+                              (_raw_request([1, 16], b"\0" * 64), grpc.StatusCode.INVALID_ARGUMENT),
+                              (_raw_request([(3 << 20) // 8], b"\0" * ((3 << 20) // 2)),
+                               grpc.StatusCode.RESOURCE_EXHAUSTED)):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(request, timeout=60)
+            assert caught.value.code() == code and DOOR in caught.value.details(), caught.value
+        x = np.arange(16, dtype=np.float32)
+        answer = stub.ModelInfer(_raw_request([16], x.tobytes()), timeout=60)
+        np.testing.assert_array_equal(np.frombuffer(answer.raw_output_contents[0], np.float32), x)
+    client = grpcclient.InferenceServerClient(door.grpc)
+    try:  # tritonclient's own path, typed errors included
+        tensor = grpcclient.InferInput("INPUT0", [2, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((2, 16), np.float32))
+        np.testing.assert_array_equal(client.infer("rel_double", [tensor]).as_numpy("OUTPUT0"), np.full((2, 16), 2))
+    finally:
+        client.close()
+    _lived(door, pid)
+
+
+def _stream(door: Serve, requests: list[service_pb2.ModelInferRequest]) -> tuple[list, grpc.RpcError | None]:
+    with grpc.insecure_channel(door.grpc, options=[("grpc.max_send_message_length", -1)]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = []
+        try:
+            for response in stub.ModelStreamInfer(iter(requests), timeout=120):
+                answers.append(response)
+        except grpc.RpcError as exc:
+            return answers, exc
+        return answers, None
+
+
+def test_grpc_streams_pass_lessons_and_end_at_a_bad_message_or_past_their_total(door):
+    pid = door.pid
+    # stream_topk (lesson 08, decoupled) answers each request with k responses.
+    logits = service_pb2.ModelInferRequest(model_name="stream_topk", id="a")
+    logits.inputs.add(name="LOGITS", datatype="FP32", shape=[10])
+    logits.raw_input_contents.append(np.arange(10, dtype=np.float32).tobytes())
+    answers, error = _stream(door, [logits])
+    assert error is None and len(answers) >= 3 and not any(a.error_message for a in answers), (error, answers)
+    # A good message, then a crasher: the first is answered, then the stream ends with the refusal.
+    x = np.arange(16, dtype=np.float32).tobytes()
+    answers, error = _stream(door, [_raw_request([16], x), _raw_request([1, 4611686018427387905], b"\0" * 4)])
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT and DOOR in error.details()
+    # Past a stream's total (64 messages of the largest size): RESOURCE_EXHAUSTED, and a new stream goes on.
+    chunk = np.zeros((900 << 10) // 4, np.float32).tobytes()
+    answers, error = _stream(door, [_raw_request([len(chunk) // 4], chunk)] * 80)
+    assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+    assert "open a new stream" in error.details() and len(answers) <= (64 << 20) // len(chunk), len(answers)
+    answers, error = _stream(door, [_raw_request([16], x)])
+    assert error is None and np.frombuffer(answers[0].infer_response.raw_output_contents[0], np.float32)[3] == 3
+    _lived(door, pid)
+
+
+def test_a_huge_stream_message_is_refused_before_tritonserver_holds_it(door):
+    """A stream has no body limit at nginx (it counts the messages as one body): the gateway bounds each
+    message, so the 256 MiB message that took tritonserver to 3.39 GB never reaches it (4 MiB here)."""
+    chunk = np.zeros(1 << 20, np.float32).tobytes()
+    answers, error = _stream(door, [_raw_request([1 << 20], chunk)])
+    assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not answers, error
