@@ -170,11 +170,18 @@ class HttpRelay:
         if refusal:
             return _refuse(refusal)
         assert self.session is not None
-        try:
-            upstream = await self.session.request(request.method, self.base + request.raw_path, data=body,
-                                                  headers=headers, allow_redirects=False)
-        except aiohttp.ClientConnectionError:
-            return web.json_response({"error": s.triton_down}, status=503)
+        for attempt in (1, 2):
+            try:
+                upstream = await self.session.request(request.method, self.base + request.raw_path, data=body,
+                                                      headers=headers, allow_redirects=False)
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # A kept-alive connection to a tritonserver that has since restarted: closed before any answer,
+                # so the new server never saw the request. Once more, on a fresh connection.
+                if attempt == 2:
+                    return web.json_response({"error": s.triton_down}, status=503)
+            except aiohttp.ClientConnectionError:
+                return web.json_response({"error": s.triton_down}, status=503)
         async with upstream:
             answer = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
@@ -196,8 +203,11 @@ class GrpcRelay(grpc.GenericRpcHandler):
 
     def __init__(self, settings: GatewaySettings, book: ModelBook) -> None:
         self.settings, self.book = settings, book
+        # Reconnect within a second of a restarted tritonserver (gRPC's default backoff grows to 120 s).
         self.channel = grpc.aio.insecure_channel(f"{settings.host}:{settings.triton_grpc_port}", options=[
-            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
 
     def service(self, details: grpc.HandlerCallDetails):
         if details.method == GRPC_SERVICE + "ModelInfer":

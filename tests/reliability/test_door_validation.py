@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
+import signal
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -25,6 +28,7 @@ from lab_backends import rest
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.door_rules import DOOR
 from lab_backends.server.processes import alive
+from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
 from tests.reliability.serve_process import Serve, require_nginx
 from tests.reliability.test_crashes import HUGE_SHAPE, NESTED, binary_overflow_request
@@ -188,3 +192,35 @@ def test_a_huge_stream_message_is_refused_before_tritonserver_holds_it(door):
     chunk = np.zeros(1 << 20, np.float32).tobytes()
     answers, error = _stream(door, [_raw_request([1 << 20], chunk)])
     assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not answers, error
+
+
+def test_after_a_crash_the_gateway_reaches_the_restarted_tritonserver(door):
+    """Last in the module: it kills tritonserver. Once ``--restart`` brings it back (ready at the door), the
+    first HTTP inference through the gateway is answered (a kept-alive connection to the dead server is not
+    reused for a 503), and gRPC inference passes within 30 s (the gateway's channel retries within a second)."""
+    before = door.pid
+    psutil.Process(before).send_signal(signal.SIGKILL)
+    err = poll(door.err.read_text, lambda t: "restarted: pid" in t, 90, 0.2)
+    door.pid = int(re.search(r"restarted: pid (\d+)", err).group(1))
+    assert door.pid != before
+    x = np.arange(16, dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [16], "datatype": "FP32", "data": x.tolist()}]})
+
+    def http_answer() -> tuple[int, bytes]:
+        return rest.request(f"http://{door.http}/v2/models/echo/infer", "POST", body.encode(), timeout=10)
+
+    ready = poll(lambda: rest.request(f"http://{door.http}/v2/health/ready", timeout=10)[0], lambda c: c == 200, 90)
+    assert ready == 200
+    seen = http_answer()
+    assert seen[0] == 200 and json.loads(seen[1])["outputs"][0]["data"] == x.tolist(), seen
+
+    def grpc_answer() -> grpc.RpcError | bytes:
+        try:
+            with grpc.insecure_channel(door.grpc) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                return stub.ModelInfer(_raw_request([16], x.tobytes()), timeout=10).raw_output_contents[0]
+        except grpc.RpcError as exc:
+            return exc
+
+    answer = poll(grpc_answer, lambda a: isinstance(a, bytes), 30, 0.2)
+    assert isinstance(answer, bytes) and np.frombuffer(answer, np.float32).tolist() == x.tolist(), answer
