@@ -189,8 +189,9 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "ProcessTensor: every request's input into one buffer at a running offset (pinned and GPU copies too)"),
         ("backend_output_responder.cc", f"{BACKEND}/src/backend_output_responder.cc#L50-L143",
          "ProcessTensor: the batch output sliced by each request's shape[0] into its response"),
-        ("tensorflow.cc", f"{TF_BACKEND}/src/tensorflow.cc",
-         "Triton's TensorFlow backend: the same loop in C++, with sessions shared between instances"),
+        ("tensorflow.cc", f"{TF_BACKEND}/src/tensorflow.cc#L743-L757",
+         "Triton's TensorFlow backend, the same loop in C++: GetModel gives each instance a session of its own "
+         "unless the model's MAX_SESSION_SHARE_COUNT parameter (default 1, L1034) lets instances share one"),
         ("python_be.cc", f"{PYTHON_BACKEND}/src/python_be.cc#L1322-L1353",
          "where the Python backend stamps compute start and end around the hand-off to the stub"),
     ],

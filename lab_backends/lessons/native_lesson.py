@@ -23,7 +23,9 @@ What the lesson measures, one function each, all from one server started with no
   native backends stamp around the framework call alone;
 * :func:`claims`: what the notebook asserts, each a ratio of two numbers of the same run (a machine
   twice as slow slows both sides), checked with :func:`lab_backends.notebook.check_claims`, which
-  re-measures once on a miss and always under ``LAB_FORCE_REMEASURE=1``.
+  re-measures once on a miss and always under ``LAB_FORCE_REMEASURE=1``;
+* :func:`thread_lines` and :func:`batching_lines`: the sentences the notebook prints about the threads a
+  model adds to the server and about what batching did to the gap, computed from this run's numbers.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -120,27 +123,72 @@ def _pixels() -> np.ndarray:
     return normalize(load_split().test_images)
 
 
+#: The name every thread of the server's own C++ code carries (it inherits the process's name).
+SERVER_THREAD_NAME = "tritonserver"
+#: Threads the server starts for ONE instance of a Python-backend model, read in python_backend's source
+#: at r24.10 (``src/``); all start while the model loads (with core's two, 36: measured in 3 runs, 2026-12-04):
+PYTHON_INSTANCE_THREADS = {
+    # ModelInstanceState::LaunchStubProcess (L328): boost::asio::thread_pool(thread_pool_size) at
+    # L339-340, whose threads start in its constructor; thread_pool_size is 32 (L1981) unless the server
+    # runs with --backend-config=python,thread-pool-size=N (L2028-2040). Its only tasks are a decoupled
+    # model's responses and BLS requests (L749-766): for digits_tf the 32 threads wait, idle.
+    "the Python backend's per-instance thread pool (python_be.cc L339-340, size 32 by default: L1981)": 32,
+    "its stub-to-parent message-queue monitor (python_be.cc L336, L1124-1129)": 1,
+    "its stub launcher's MemoryManager queue monitor (stub_launcher.cc L177-178, memory_manager.cc L62)": 1,
+}
+#: Threads core starts for every model instance, whatever its backend (core ``src/`` at r24.10).
+CORE_INSTANCE_THREADS = {
+    "core's backend thread of the instance (backend_model_instance.cc L717, a CPU instance does not share one)": 1,
+    "core's dynamic batcher thread (dynamic_batch_scheduler.cc L165-166)": 1,
+}
+
+
+def thread_names(pid: int) -> Counter:
+    """How many threads of process ``pid`` carry each name (Linux ``/proc/<pid>/task/<tid>/comm``).
+
+    Why names: the server's own threads are all called ``tritonserver`` (a thread inherits its
+    creator's name), while TensorFlow names its pools (``tf_...``) and gRPC its own; so the names
+    split what a model adds between the server's C++ code and the framework's runtime.
+    """
+    found: Counter = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found[(task / "comm").read_text().strip()] += 1
+        except OSError:  # the thread ended while we read
+            continue
+    return found
+
+
+def _names_text(grown: Counter) -> str:
+    return ", ".join(f"{count} {name}" for name, count in grown.most_common()) or "none"
+
+
 def load_one_by_one(server: RunningServer, models: Sequence[str]) -> pd.DataFrame:
     """Load ``models`` one at a time into a server holding none of them; one row per model.
 
     ``server_mb``/``server_threads``: what the server process gained while the model loaded and
-    answered one request (the first inference allocates); ``stub_mb``/``stub_threads``: its stub
-    process (0 for a native model: none exists); ``memory_mb``/``threads``: both together, what the
-    model costs the machine. One at a time, so that each load has the machine to itself.
+    answered one request (the first inference allocates); ``server_thread_names``: those new threads
+    by name (:func:`thread_names`); ``stub_mb``/``stub_threads``: its stub process (0 for a native
+    model: none exists); ``memory_mb``/``threads``: both together, what the model costs the machine.
+    One at a time, so that each load has the machine to itself.
     """
     process = psutil.Process(server.pid)
     pixels = _pixels()[:4]
     rows = []
     for model in models:
-        rss, threads = process.memory_info().rss, process.num_threads()
+        rss, threads, names_before = process.memory_info().rss, process.num_threads(), thread_names(server.pid)
         started = time.perf_counter()
         server.load_model(model)  # returns once READY; raises ModelLoadError with Triton's reason
         load_s = time.perf_counter() - started
         infer(server, model, {"PIXELS": pixels})
         stub = framework_costs.stub_footprint(server, [model]).loc[model]
+        grown = thread_names(server.pid) - names_before
         rows.append({"model": model, "kind": kind_of(model), "load_s": load_s,
                      "server_mb": (process.memory_info().rss - rss) / 2**20,
-                     "server_threads": process.num_threads() - threads, "stubs": int(stub["instances"]),
+                     "server_threads": process.num_threads() - threads,
+                     "server_thread_names": _names_text(grown),
+                     "server_threads_named_server": grown[SERVER_THREAD_NAME],
+                     "stubs": int(stub["instances"]),
                      "stub_mb": 0.0 if stub["instances"] == 0 else float(stub["rss_mb_per_instance"]),
                      "stub_threads": 0.0 if stub["instances"] == 0 else float(stub["threads_per_instance"])})
     frame = pd.DataFrame(rows).set_index("model")
@@ -196,9 +244,12 @@ def ratio(measured: pd.DataFrame, pair: Pair, concurrency: int, column: str) -> 
 #: Bounds of the claims, on ratios native / wrapped of the same run. Measured on this project's 2 cores
 #: (2026-12-02, three windows quiet, one under nbval beside another notebook): compute_infer 0.49-0.51
 #: for TensorFlow and 0.59-0.66 for PyTorch; p50 0.79-0.80 and 0.86-0.87 (the batcher's 2 ms delay,
-#: the same on both sides, is in both p50s). The claims are "smaller" with that margin above the
-#: worst ratio seen, not the ratios themselves: the lesson prints those from its own run.
-INFER_RATIO_BELOW = 0.8
+#: the same on both sides, is in both p50s). A learner review's run on a busy machine measured
+#: compute_infer 0.781 for TensorFlow, which passed a former bound of 0.8 by 2%: a near-miss is a flake
+#: waiting. Both claims are now "smaller" (below 1): the quiet TensorFlow ratio may double, and the
+#: busy one grow by 28%, before a miss; a miss re-measures once over a 2x longer window (check_claims)
+#: before it fails. The lesson prints the ratios themselves from its own run.
+INFER_RATIO_BELOW = 1.0
 P50_RATIO_BELOW = 1.0
 
 
@@ -212,6 +263,46 @@ def claims(found: Sequence[Pair]) -> list[Claim]:
         out.append(Claim(f"{pair.framework}: p50 latency at c=1, native / Python-wrapped",
                          lambda m, p=pair: ratio(m, p, ALONE, "p50_ms"), below=P50_RATIO_BELOW, what="ratio"))
     return out
+
+
+def thread_lines(footprint: pd.DataFrame, found: Sequence[Pair]) -> list[str]:
+    """What each model added to the server's threads, by name, beside what the source says it starts.
+
+    A Python-wrapped instance: :data:`PYTHON_INSTANCE_THREADS` plus :data:`CORE_INSTANCE_THREADS`; a
+    native one: core's two plus whatever its framework starts (TensorFlow names its own ``tf_*``).
+    """
+    python, core = sum(PYTHON_INSTANCE_THREADS.values()), sum(CORE_INSTANCE_THREADS.values())
+    lines = []
+    for pair in found:
+        for model in (pair.wrapped, pair.native):
+            row = footprint.loc[model]
+            source = (f"{python} from the Python backend + {core} from core" if row["stubs"] else
+                      f"{core} from core, the rest the framework's")
+            lines.append(f"{model}: the server gained {row['server_threads']:.0f} threads "
+                         f"({row['server_thread_names']}); the source says {source}")
+    lines.append("per Python-wrapped instance: " + "; ".join(
+        f"{n} {what}" for what, n in {**PYTHON_INSTANCE_THREADS, **CORE_INSTANCE_THREADS}.items()))
+    return lines
+
+
+def batching_lines(summary: pd.DataFrame, found: Sequence[Pair]) -> list[str]:
+    """Per framework: how far ahead native was alone (c=1) and with batching (c=16), and which way it went.
+
+    Alone, the lead is how many times faster native answers (wrapped p50 / native p50); busy, how
+    many times the requests per second (native / wrapped). "stayed about the same" when the two are within
+    10% of each other: a closer difference is not read from one run of a shared machine.
+    """
+    lines = []
+    for pair in found:
+        w, n = summary.loc[pair.wrapped], summary.loc[pair.native]
+        alone = w["p50_ms_c1"] / n["p50_ms_c1"]
+        busy = n[f"rps_c{BUSY}"] / w[f"rps_c{BUSY}"]
+        went = "grew" if busy > 1.1 * alone else "shrank" if busy < alone / 1.1 else "stayed about the same"
+        lines.append(f"{pair.framework}: native is {alone:.2f}x as fast alone (p50 {n['p50_ms_c1']:.2f} vs "
+                     f"{w['p50_ms_c1']:.2f} ms at c={ALONE}) and serves {busy:.2f}x the requests per second at "
+                     f"c={BUSY} (average batch {n[f'avg_batch_c{BUSY}']:.1f} vs {w[f'avg_batch_c{BUSY}']:.1f}): "
+                     f"with batching its lead {went}")
+    return lines
 
 
 def plot(summary: pd.DataFrame) -> Any:
