@@ -42,6 +42,7 @@ from lab_backends.server import admin, bundle, cbackend, free_quarantine, front_
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
 from lab_backends.server.door_share import add_share_arguments, share_limits
 from lab_backends.server.ports import free_ports
+from lab_backends.server.stub_health import StubWatch
 from lab_backends.server.triton_server import TritonServer
 
 
@@ -94,8 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
         print("\n".join([*admin.banner(args.admin_key_file, args.open_admin_apis), "  Ctrl-C stops"]), flush=True)
         stop_requested = False
         try:
-            if args.restart:
-                supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True))  # no bound: never gives up
+            if args.restart:  # no bound: never gives up; StubWatch reloads a model whose Python stub died
+                supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True), tick=StubWatch(server).tick)
                 stop_requested = True  # it returns only on Ctrl-C
             else:
                 while server.is_running():
@@ -265,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="load only this model at start (repeatable); the others can be loaded later")
     serve.add_argument("--startup-timeout", type=float, default=180.0)
     serve.add_argument("--restart", action="store_true",
-                       help="restart tritonserver after every crash, on the same ports (after 1 s, doubling "
-                       "with each crash within a minute, at most 30 s; it never gives up)")
+                       help="restart tritonserver after every crash, same ports (after 1 s, doubling with each crash "
+                       "in a minute, at most 30 s; it never gives up); reload a model whose Python stub died")
     serve.add_argument(
         "--admin-key-file", type=Path, metavar="F",
         help="write the admin key to F (mode 0600; TRITON_ADMIN_KEY chooses it); see 'admin key' above"

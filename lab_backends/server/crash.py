@@ -170,6 +170,7 @@ def supervise(
     report: Callable[[str], None] = print,
     should_stop: Callable[[], bool] = lambda: False,
     backoff_s: float = 1.0,
+    tick: Callable[[], None] | None = None,
 ) -> int:
     """Keep ``server`` serving: on each crash report it, wait (doubling backoff) and restart.
 
@@ -179,16 +180,19 @@ def supervise(
     :data:`BACKOFF_CAP_S`, so a server that keeps being killed costs a restart every 30 s, not a
     loop. With ``max_per_minute``, more crashes than that within 60 s make it give up and return 1.
     Returns 0 when ``should_stop()`` says so or on Ctrl-C (KeyboardInterrupt), whether it came
-    while watching, waiting or restarting; the caller then stops the server.
+    while watching, waiting or restarting; the caller then stops the server. ``tick``, when given, is
+    called between looks while the server runs: ``serve --restart`` passes
+    :meth:`lab_backends.server.stub_health.StubWatch.tick`, which reloads a model whose Python stub died
+    (tritonserver lives on then, so there is no crash to see here).
     """
     try:
-        return _supervise(server, max_per_minute, report, should_stop, backoff_s)
+        return _supervise(server, max_per_minute, report, should_stop, backoff_s, tick)
     except KeyboardInterrupt:
         return 0
 
 
 def _supervise(server: Any, max_per_minute: int | None, report: Callable[[str], None], should_stop: Callable[[], bool],
-               backoff_s: float) -> int:
+               backoff_s: float, tick: Callable[[], None] | None = None) -> int:
     crashes: list[float] = []
     failed_start: LabBackendsError | None = None
     while not should_stop():
@@ -200,6 +204,8 @@ def _supervise(server: Any, max_per_minute: int | None, report: Callable[[str], 
         else:
             code = crashed(server)
             if code is None:
+                if tick is not None:
+                    tick()
                 time.sleep(0.2)
                 continue
             message = str(crash_error(server, code, advice=""))
