@@ -1,11 +1,13 @@
 """What the front door checks in an inference request before tritonserver sees it: pure, no I/O.
 
 Triton 2.51 dies on requests no client library sends (docs/reliability.md, platform notes "Crashers
-that need no size"): 200,000 nested ``[`` (SIGSEGV: its JSON parser recurses), a JSON shape of
-``[1099511627776]`` with one datum (it allocates the shape's bytes before it reads the data:
-``std::bad_alloc``, abort), a binary request whose shape's byte size wraps 64 bits (a Python model's
-stub dies; the model stays READY and fails every later request). Each rule here closes one of them
-by checking what the request *claims* against what it *carries* and what the model's config allows:
+that need no size"): 200,000 nested ``[`` (SIGSEGV: common ``include/triton/common/triton_json.h``
+L179-180 at r24.10 parses with rapidjson's recursive parser, ``kParseIterativeFlag`` unset), a JSON
+shape of ``[1099511627776]`` with one datum (server ``src/http_server.cc`` L2747-2752 sizes a buffer
+from the shape, ``serialized.resize(element_cnt * dtype size)``, before ``ReadDataFromJson`` counts the
+data: ``std::bad_alloc``, abort), a binary request whose shape's byte size wraps 64 bits (a Python
+model's stub dies; the model stays READY and fails every later request). Each rule here closes one of
+them by checking what the request *claims* against what it *carries* and what the model's config allows:
 
 - **nesting**: a body's ``[``/``{`` depth is counted without recursion (:func:`nesting_depth`, outside
   JSON strings) before the standard :mod:`json` parser sees it; past :data:`MAX_DEPTH` -> 400.
