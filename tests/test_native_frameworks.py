@@ -15,6 +15,10 @@ as set-up does) and served by ONE server for the module, beside the Python-wrapp
   sessions with inter-op pools of their own, of 1 and 6 threads, differ by 5 server threads);
 * a missing SavedModel / TorchScript file, a wrong signature name, a wrong dtype in the config and a
   bad thread count fail the load with one line naming the model, the file and the fix;
+* a failed ModelInitialize / ModelInstanceInitialize still gets its ModelFinalize /
+  ModelInstanceFinalize (core backend_model.cc L169-176 and L983-987, backend_model_instance.cc
+  L305-311 and L209-214 at r24.10), with no state set: the backends log it, nothing is freed twice
+  (the server runs on, its log free of allocator errors), and the same model loads once its file is there;
 * a libtorch exception fails its batch with PyTorch's words and the server serves on; the same
   exception let out of the backend (``LAB_TEST_UNGUARDED_FORWARD``) kills the server, and
   ``lab-backends serve`` reports it like any other crash (tests/reliability/test_long_name_crash.py);
@@ -131,7 +135,8 @@ def torch_library(library) -> Path:  # after build_models: the TorchScript file 
 
 
 @pytest.fixture(scope="module")
-def server(library, torch_library, tmp_path_factory):
+def variants(library, torch_library, tmp_path_factory) -> Path:
+    """The temporary repository of the test-only variants (the server's second repository)."""
     repo = tmp_path_factory.mktemp("tf_native")
     _variant(repo, MISSING, savedmodel=False)
     _variant(repo, BAD_SIGNATURE, signature="serving_defualt")
@@ -146,6 +151,12 @@ def server(library, torch_library, tmp_path_factory):
     _torch_variant(repo, PT_RAGGED, ragged=True)
     _torch_variant(repo, CYCLED[TORCH_NATIVE])
     _torch_variant(repo, PT_THREADS2, threads="2")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(variants):
+    repo = variants
     models = [NATIVE, TORCH_NATIVE, REFERENCE, MISSING, BAD_SIGNATURE, BAD_DTYPE, RAGGED,
               PT_MISSING, PT_BAD_DTYPE, PT_BAD_THREADS, PT_RAGGED]
     # Two malloc arenas: freed weights are then reused by the next load, whichever thread allocates, so
@@ -194,8 +205,9 @@ def _settled(server, model: str, timeout_s: float = 10.0) -> dict:
 def _counted(server, model: str, before: dict, requests: int, rows: int, timeout_s: float = 30.0) -> dict:
     """The statistics once they count ``requests`` more requests (answered or failed) and ``rows`` more
     answered rows than ``before``: a known total, not a quiet period. Per-request statistics come
-    before the batch's record (the backends' report(): Triton's ``inference_count`` and
-    ``execution_count`` grow with the batch record, by the rows answered), so both are waited for.
+    before the batch's record (the backends' report()): ``inference_count`` grows with each success,
+    by its rows (core src/infer_stats.cc L104-L111 at r24.10), ``execution_count`` with the batch
+    record (L386-L425), so both are waited for.
     Past the deadline the last read is returned and the caller's assertions say what is missing."""
     def complete(now: dict) -> bool:
         answered = sum(_counts(now)[:2]) - sum(_counts(before)[:2])
@@ -411,6 +423,37 @@ def test_a_broken_model_fails_its_load_with_one_line(server, model, names, fix) 
     for part in (*names, f"{model}/config.pbtxt", fix):
         assert part in line, (part, reason)
     assert server.model_ready(NATIVE) and server.model_ready(TORCH_NATIVE)  # the others loaded and serve
+
+
+#: The failed loads of the fixture, and where each failed: (model, the entry point that failed).
+FAILED_LOADS = [(MISSING, "ModelInitialize"), (PT_MISSING, "ModelInitialize"), (PT_BAD_THREADS, "ModelInitialize"),
+                (BAD_SIGNATURE, "ModelInstanceInitialize"), (BAD_DTYPE, "ModelInstanceInitialize"),
+                (PT_BAD_DTYPE, "ModelInstanceInitialize")]
+
+
+def test_a_failed_initialize_is_finalized_with_no_state_and_the_model_loads_once_fixed(server, variants, pixels,
+                                                                                        reference) -> None:
+    """Triton finalizes what failed to initialize: the backends set their state only once all went well,
+    so each finalize finds none (logged), and nothing is freed twice. Costs one TensorFlow load (~2 s)."""
+    log = server.log_text()
+    for model, failed in FAILED_LOADS:
+        backend = "lab_libtorch" if model.startswith("torch_") else "lab_tensorflow"
+        model_line = f"{backend}: model '{model}': ModelFinalize with no state: its ModelInitialize failed"
+        instance_line = (f"{backend}: instance '{model}_0_0': ModelInstanceFinalize with no state: "
+                         "its ModelInstanceInitialize failed")
+        if failed == "ModelInitialize":  # no instance was made; the model's finalize ran, with no state
+            assert model_line in log and instance_line not in log, model
+        else:  # the instance's finalize found no state; the model's found (and freed) the model's state
+            assert instance_line in log and model_line not in log, model
+    assert "double free" not in log and "free(): invalid" not in log
+    assert server.is_running() and server.model_ready(NATIVE)
+    shutil.copytree(build.ARTIFACT_DIR / "model.savedmodel", variants / MISSING / "1" / "model.savedmodel")
+    server.load_model(MISSING)  # the same name, after a failed load: a fresh model, nothing left of the failure
+    try:
+        got = infer(server, MISSING, {"PIXELS": pixels[:8]})["LOGITS"]
+    finally:
+        server.unload_model(MISSING)
+    assert np.abs(got - reference[:8]).max() < 1e-4
 
 
 # ---------------------------------------------------------------------------------- framework errors

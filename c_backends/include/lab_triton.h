@@ -248,7 +248,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
  * ModelInstanceInitialize once per instance, then Execute for every batch. On unload,
  * ModelInstanceFinalize for each instance, then ModelFinalize (core src/backend_model.cc:966-987 at
  * r24.10); Finalize only when the backend itself is destroyed, at server shutdown (core
- * src/backend_manager.cc:136-149 at r24.10). A non-NULL error from an initializer fails the load. */
+ * src/backend_manager.cc:136-149 at r24.10). A non-NULL error from an initializer fails the load,
+ * and the matching finalize still runs, with whatever state was set (NULL if none): the model and
+ * the instance are destroyed, and their destructors call the fini functions unconditionally
+ * (src/backend_model.cc:169-176, 983-987; src/backend_model_instance.cc:305-311, 209-214). So set
+ * the state last, or leave it set and let the finalize free it: never free it and leave it set. */
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend);
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend* backend);
 LAB_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model);

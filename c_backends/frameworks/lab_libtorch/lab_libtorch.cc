@@ -455,8 +455,26 @@ TRITONSERVER_Error* check_input(const TorchModel& m, TRITONBACKEND_Request* requ
   return nullptr;
 }
 
-/* Step 1, CHECK: a response per request and a checked input for each (a bad one is answered with
- * its own error here). Triton already refused what contradicts the config (400 before the
+/* Step 0, RESPONSES: one per request, all made before anything else. If one cannot be made, none
+ * is kept and Execute returns the error: Triton still owns the requests then, and answers each
+ * with it (backend examples/backends/recommended/src/recommended.cc L509-515 at r24.10). Made one
+ * by one during the work, a failed one would leave its request released with no response at all. */
+TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t count, std::vector<Slot>& slots) {
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&slots[i].response, requests[i]);
+    if (err == nullptr) continue;
+    for (uint32_t j = 0; j < i; ++j) { /* not sent: still ours to delete */
+      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(slots[j].response);
+      if (del != nullptr) TRITONSERVER_ErrorDelete(del);
+      slots[j].response = nullptr;
+    }
+    return err;
+  }
+  return nullptr;
+}
+
+/* Step 1, CHECK: a checked input for each request, whose response exists (step 0); a bad one is
+ * answered with its own error here. Triton already refused what contradicts the config (400 before the
  * batcher); this is the backend's own guard. Then each good request joins the group of its row
  * shape, at the group's next free row: its own batch size counts. */
 std::vector<Group> check_requests(const TorchModel& m, TRITONBACKEND_Request** requests, uint32_t count,
@@ -464,14 +482,7 @@ std::vector<Group> check_requests(const TorchModel& m, TRITONBACKEND_Request** r
   std::vector<Group> groups;
   for (uint32_t i = 0; i < count; ++i) {
     Slot& s = slots[i];
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&s.response, requests[i]);
-    if (err != nullptr) { /* nothing to answer with: the request is still released later */
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string(BACKEND) + ": cannot create a response: " + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-      s.response = nullptr;
-      continue;
-    }
-    err = check_input(m, requests[i], &s);
+    TRITONSERVER_Error* err = check_input(m, requests[i], &s);
     if (err != nullptr) {
       fail(&s, err);
       continue;
@@ -610,8 +621,15 @@ void scatter(const TorchModel& m, std::vector<Slot>& slots, size_t g, const Grou
   }
 }
 
-/* Step 5, REPORT and RELEASE: per-request statistics before each release, then one batch record.
- * compute_input = check + gather, compute_infer = forward, compute_output = scatter. */
+/* Step 5, REPORT and RELEASE: per-request statistics before each release, then one batch record
+ * with the rows that were answered. compute_input = check + gather, compute_infer = forward,
+ * compute_output = scatter. pytorch_backend records the batch it was handed instead: every
+ * request's rows (src/libtorch.cc L1295-1356 at r24.10), unless every response failed
+ * (L1559-1566). The two differ only when a request fails inside a batch: its rows are then in
+ * pytorch_backend's batch_stats, not in ours (a request refused by the check never reached
+ * forward; a group libtorch refused computed nothing). Either way inference_count grows with the
+ * successes' rows only (core src/infer_stats.cc L104-L111); the batch record feeds
+ * execution_count and batch_stats (L386-L425). */
 void report(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const std::vector<Slot>& slots,
             const uint64_t stamps[4]) {
   uint64_t rows = 0;
@@ -658,8 +676,11 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   return nullptr;
 }
 
-/* Once per model (version) load: read and check the config and the file. An error fails the load
- * and gets no ModelFinalize, so the state is freed here then. */
+/* Once per model (version) load: read and check the config and the file. An error fails the load,
+ * and Triton then calls ModelFinalize all the same: the error unwinds the unique_ptr holding the
+ * model (core src/backend_model.cc L169-175 at r24.10), whose destructor calls the fini function
+ * unconditionally (L983-987). So the state is set last: on an error before it, `m` frees what was
+ * made and ModelFinalize finds NULL (deleting it here after setting it would be a double free). */
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   auto m = std::make_unique<TorchModel>();
   RETURN_IF_ERROR(read_config(model, m.get()));
@@ -671,15 +692,25 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   return nullptr;
 }
 
+/* At unload, after every instance; and after a failed load, with the state NULL when
+ * ModelInitialize failed. */
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = nullptr;
   RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
+  if (state == nullptr) {
+    const char* name = "?";
+    RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
+    LAB_LOG(TRITONSERVER_LOG_INFO, std::string(BACKEND) + ": model '" + name +
+                                   "': ModelFinalize with no state: its ModelInitialize failed");
+  }
   delete static_cast<TorchModel*>(state);
   return nullptr;
 }
 
 /* Once per instance: load the module and probe it, under InferenceMode (pytorch_backend guards the
- * load the same way, src/libtorch.cc ~L289-291). */
+ * load the same way, src/libtorch.cc ~L289-291). A failure here also gets its ModelInstanceFinalize
+ * (core src/backend_model_instance.cc L305-311, the destructor L209-214 at r24.10): the state is set
+ * last, so `in` frees what was made and the finalize finds NULL. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = nullptr;
   const char* name = nullptr;
@@ -705,6 +736,12 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
   void* state = nullptr;
   RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
+  if (state == nullptr) {
+    const char* name = "?";
+    RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
+    LAB_LOG(TRITONSERVER_LOG_INFO, std::string(BACKEND) + ": instance '" + name +
+                                   "': ModelInstanceFinalize with no state: its ModelInstanceInitialize failed");
+  }
   delete static_cast<TorchInstance*>(state); /* the module's weights go with it */
   return nullptr;
 }
@@ -719,6 +756,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   TorchInstance* in = static_cast<TorchInstance*>(state);
   const TorchModel& m = *in->model;
   std::vector<Slot> slots(count);
+  RETURN_IF_ERROR(new_responses(requests, count, slots)); /* nothing sent yet: Triton answers them */
   c10::InferenceMode guard; /* no autograd records: pytorch_backend's Execute, src/libtorch.cc ~L1586 */
   apply_threads(m);
 

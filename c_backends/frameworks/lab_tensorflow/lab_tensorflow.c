@@ -309,7 +309,11 @@ static TRITONSERVER_Error* check_savedmodel(const TfModel* m) {
 
 /* TRITONBACKEND_ModelInitialize: once per model (version) load; an error fails the load (core
  * src/backend_model.cc at r24.10). Reads and checks the config and the files; the framework
- * itself is loaded per instance. */
+ * itself is loaded per instance. Triton calls ModelFinalize even after a failed ModelInitialize:
+ * the error unwinds the unique_ptr holding the model (backend_model.cc L169-175), whose destructor
+ * calls the fini function unconditionally (L983-987). So the state is set last, once everything
+ * succeeded: a failure frees what it made and leaves the state NULL, and ModelFinalize frees
+ * nothing then. (Set it earlier and free it here too, and ModelFinalize frees it again.) */
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   TfModel* m = calloc(1, sizeof *m);
   if (m == NULL) return tf_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory", BACKEND);
@@ -317,7 +321,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   if (err == NULL) err = check_savedmodel(m);
   if (err == NULL) err = TRITONBACKEND_ModelSetState(model, m);
   if (err != NULL) {
-    free(m); /* a failed ModelInitialize gets no ModelFinalize: free what we made */
+    free(m); /* the state was never set: ModelFinalize, which runs anyway, finds NULL */
     return err;
   }
   LAB_LOG(TRITONSERVER_LOG_INFO, "%s: model '%s': SavedModel %s, signature '%s', tag '%s', threads "
@@ -326,10 +330,18 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   return NULL;
 }
 
-/* TRITONBACKEND_ModelFinalize: after every instance is finalized, at unload. */
+/* TRITONBACKEND_ModelFinalize: after every instance is finalized, at unload, and after a failed
+ * load too (a failed ModelInitialize or ModelInstanceInitialize destroys the model): the state is
+ * NULL when ModelInitialize failed. */
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
+  if (state == NULL) {
+    const char* name = "?";
+    LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
+    LAB_LOG(TRITONSERVER_LOG_INFO, "%s: model '%s': ModelFinalize with no state: its ModelInitialize "
+            "failed", BACKEND, name);
+  }
   free(state);
   return NULL;
 }
@@ -484,7 +496,11 @@ static void close_session(TfInstance* in) {
 }
 
 /* TRITONBACKEND_ModelInstanceInitialize: once per instance of instance_group; an error fails the
- * load. Each instance gets its own session, so two instances run TF_SessionRun side by side. */
+ * load. Each instance gets its own session, so two instances run TF_SessionRun side by side. As for
+ * the model, Triton calls ModelInstanceFinalize even after a failed ModelInstanceInitialize (core
+ * src/backend_model_instance.cc L305-311 unwinds the unique_ptr, whose destructor calls the fini
+ * function, L209-214 at r24.10): the state is set last, so a failure closes what it opened and
+ * ModelInstanceFinalize finds NULL. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = NULL;
   const char* name = NULL;
@@ -502,7 +518,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   TF_DeleteBuffer(meta_graph);
   if (err == NULL) err = TRITONBACKEND_ModelInstanceSetState(instance, in);
   if (err != NULL) {
-    close_session(in); /* a failed initialize gets no finalize */
+    close_session(in); /* the state was never set: ModelInstanceFinalize finds NULL */
     return err;
   }
   LAB_LOG(TRITONSERVER_LOG_INFO, "%s: instance '%s': session loaded in %.0f ms; '%s' <- %s, '%s' -> %s",
@@ -511,11 +527,19 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   return NULL;
 }
 
-/* TRITONBACKEND_ModelInstanceFinalize: at unload, before ModelFinalize. */
+/* TRITONBACKEND_ModelInstanceFinalize: at unload, before ModelFinalize, and after a failed
+ * ModelInstanceInitialize, with the state NULL. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  if (state != NULL) close_session(state);
+  if (state != NULL) {
+    close_session(state);
+    return NULL;
+  }
+  const char* name = "?";
+  LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
+  LAB_LOG(TRITONSERVER_LOG_INFO, "%s: instance '%s': ModelInstanceFinalize with no state: its "
+          "ModelInstanceInitialize failed", BACKEND, name);
   return NULL;
 }
 
@@ -529,7 +553,25 @@ static void fail(Slot* slot, TRITONSERVER_Error* err) {
   slot->ok = false;
 }
 
-/* Step 1, CHECK: a response per request, and a checked input for each. A request whose type or
+/* Step 0, RESPONSES: one per request, all made before anything else. If one cannot be made, none
+ * is kept and Execute returns the error: Triton still owns the requests then, and answers each
+ * with it (backend examples/backends/recommended/src/recommended.cc L509-515 at r24.10). Made one
+ * by one during the work, a failed one would leave its request released with no response at all. */
+static TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t count, Slot* slots) {
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&slots[i].response, requests[i]);
+    if (err == NULL) continue;
+    for (uint32_t j = 0; j < i; ++j) { /* not sent: still ours to delete */
+      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(slots[j].response);
+      if (del != NULL) TRITONSERVER_ErrorDelete(del);
+      slots[j].response = NULL;
+    }
+    return err;
+  }
+  return NULL;
+}
+
+/* Step 1, CHECK: a checked input for each request (its response exists: step 0). A request whose type or
  * shape the model cannot take is answered with its own error here. Triton already refused what
  * contradicts the config (400 before the batcher); this checks against the model itself, and
  * counts each request's rows: a request may carry several (its own batch size). */
@@ -541,15 +583,7 @@ static uint64_t check_requests(const TfInstance* in, TRITONBACKEND_Request** req
   memcpy(batch_row_shape, in->row_shape, sizeof in->row_shape);
   for (uint32_t i = 0; i < count; ++i) {
     Slot* s = &slots[i];
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&s->response, requests[i]);
-    if (err != NULL) { /* nothing to answer with: the request is still released later */
-      LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: cannot create a response: %s", BACKEND,
-              TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-      s->response = NULL;
-      continue;
-    }
-    err = lab_get_input(BACKEND, requests[i], m->input.name, m->input.dtype, &s->input);
+    TRITONSERVER_Error* err = lab_get_input(BACKEND, requests[i], m->input.name, m->input.dtype, &s->input);
     if (err == NULL && (s->input.dims != (uint32_t)m->input.dims + 1 || s->input.shape[0] < 1)) {
       char want[96];
       err = tf_errorf(TRITONSERVER_ERROR_INVALID_ARG, "%s: input '%s' must be [rows, ...] with "
@@ -687,7 +721,14 @@ static void scatter(const TfInstance* in, const TF_Tensor* result, Slot* slots, 
 
 /* Step 5, REPORT and RELEASE: per-request statistics (success or not) before each release, then
  * one batch record with the rows that were answered. These timestamps become the model's
- * statistics: compute_input = gather, compute_infer = TF_SessionRun, compute_output = scatter. */
+ * statistics: compute_input = gather, compute_infer = TF_SessionRun, compute_output = scatter.
+ * pytorch_backend records the batch it was handed instead: every request's rows (src/libtorch.cc
+ * L1295-1356 at r24.10), unless every response failed (L1559-1566). The two differ only when a
+ * request fails inside a batch: its rows are then in pytorch_backend's batch_stats, not in ours
+ * (ours counts the rows served; a request refused by the check never reached TF_SessionRun).
+ * Either way each request's own statistics say success or failure, and inference_count grows
+ * with the successes' rows only (core src/infer_stats.cc L104-L111): the batch record feeds
+ * execution_count and batch_stats (L386-L425). */
 static void report(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
                    const Slot* slots, uint32_t count, const uint64_t stamps[4]) {
   uint64_t rows = 0;
@@ -715,6 +756,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   Slot* slots = calloc(count ? count : 1, sizeof *slots);
   if (slots == NULL) return tf_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory", BACKEND);
 
+  TRITONSERVER_Error* no_response = new_responses(requests, count, slots);
+  if (no_response != NULL) { /* nothing sent yet: Triton answers every request with this error */
+    free(slots);
+    return no_response;
+  }
   int64_t batch_row_shape[TF_MAX_DIMS];
   uint64_t total = check_requests(in, requests, count, slots, batch_row_shape);
   TF_Tensor* batch = gather(in, slots, count, total, batch_row_shape);

@@ -302,7 +302,11 @@ static TRITONSERVER_Error* check_savedmodel(const TfModel* m) {
 
 /* TRITONBACKEND_ModelInitialize: once per model (version) load; an error fails the load (core
  * src/backend_model.cc at r24.10). Reads and checks the config and the files; the framework
- * itself is loaded per instance. */
+ * itself is loaded per instance. Triton calls ModelFinalize even after a failed ModelInitialize:
+ * the error unwinds the unique_ptr holding the model (backend_model.cc L169-175), whose destructor
+ * calls the fini function unconditionally (L983-987). So the state is set last, once everything
+ * succeeded: a failure frees what it made and leaves the state NULL, and ModelFinalize frees
+ * nothing then. (Set it earlier and free it here too, and ModelFinalize frees it again.) */
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   TfModel* m = calloc(1, sizeof *m);
   if (m == NULL) return tf_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory", BACKEND);
@@ -310,7 +314,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   if (err == NULL) err = check_savedmodel(m);
   if (err == NULL) err = TRITONBACKEND_ModelSetState(model, m);
   if (err != NULL) {
-    free(m); /* a failed ModelInitialize gets no ModelFinalize: free what we made */
+    free(m); /* the state was never set: ModelFinalize, which runs anyway, finds NULL */
     return err;
   }
   LAB_LOG(TRITONSERVER_LOG_INFO, "%s: model '%s': SavedModel %s, signature '%s', tag '%s', threads "
@@ -319,10 +323,18 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   return NULL;
 }
 
-/* TRITONBACKEND_ModelFinalize: after every instance is finalized, at unload. */
+/* TRITONBACKEND_ModelFinalize: after every instance is finalized, at unload, and after a failed
+ * load too (a failed ModelInitialize or ModelInstanceInitialize destroys the model): the state is
+ * NULL when ModelInitialize failed. */
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
+  if (state == NULL) {
+    const char* name = "?";
+    LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
+    LAB_LOG(TRITONSERVER_LOG_INFO, "%s: model '%s': ModelFinalize with no state: its ModelInitialize "
+            "failed", BACKEND, name);
+  }
   free(state);
   return NULL;
 }
@@ -477,7 +489,11 @@ static void close_session(TfInstance* in) {
 }
 
 /* TRITONBACKEND_ModelInstanceInitialize: once per instance of instance_group; an error fails the
- * load. Each instance gets its own session, so two instances run TF_SessionRun side by side. */
+ * load. Each instance gets its own session, so two instances run TF_SessionRun side by side. As for
+ * the model, Triton calls ModelInstanceFinalize even after a failed ModelInstanceInitialize (core
+ * src/backend_model_instance.cc L305-311 unwinds the unique_ptr, whose destructor calls the fini
+ * function, L209-214 at r24.10): the state is set last, so a failure closes what it opened and
+ * ModelInstanceFinalize finds NULL. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = NULL;
   const char* name = NULL;
@@ -495,7 +511,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   TF_DeleteBuffer(meta_graph);
   if (err == NULL) err = TRITONBACKEND_ModelInstanceSetState(instance, in);
   if (err != NULL) {
-    close_session(in); /* a failed initialize gets no finalize */
+    close_session(in); /* the state was never set: ModelInstanceFinalize finds NULL */
     return err;
   }
   LAB_LOG(TRITONSERVER_LOG_INFO, "%s: instance '%s': session loaded in %.0f ms; '%s' <- %s, '%s' -> %s",
@@ -504,11 +520,19 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   return NULL;
 }
 
-/* TRITONBACKEND_ModelInstanceFinalize: at unload, before ModelFinalize. */
+/* TRITONBACKEND_ModelInstanceFinalize: at unload, before ModelFinalize, and after a failed
+ * ModelInstanceInitialize, with the state NULL. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  if (state != NULL) close_session(state);
+  if (state != NULL) {
+    close_session(state);
+    return NULL;
+  }
+  const char* name = "?";
+  LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
+  LAB_LOG(TRITONSERVER_LOG_INFO, "%s: instance '%s': ModelInstanceFinalize with no state: its "
+          "ModelInstanceInitialize failed", BACKEND, name);
   return NULL;
 }
 
