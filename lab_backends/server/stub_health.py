@@ -12,7 +12,7 @@ supervision has nothing to restart. What python_backend and core do at r24.10:
   <size> <growth> <parent pid> <backend dir> <ipc handle> <instance name> <runtime dir>"``
   (L378-L381, the instance name from L337), so its command line names its instance.
 * Nothing watches it. The backend learns of the death only from a request: ``ReceiveMessageFromStub``
-  (L728-L777) waits 1 s at a time for the answer and, when the stub did not set
+  (L728-L779) waits 1 s at a time for the answer and, when the stub did not set
   ``ipc_control->stub_health`` meanwhile, returns ``Stub process '<instance>' is not healthy.``;
   ``TRITONBACKEND_ModelInstanceExecute`` (``src/python_be.cc`` L2281-L2378) answers every request of the
   batch with that error and returns. Its comment "If restart is equal to true, it indicates that the
@@ -21,10 +21,10 @@ supervision has nothing to restart. What python_backend and core do at r24.10:
   is unhealthy and it will be restarted."); commit 27f04d1 ("Add support for response sender in the
   default mode (#364)", June 2024, first in r24.06) removed it. No other path relaunches a stub
   (``git grep -i restart r24.10 -- src``: only that comment and two about shared memory).
-* Nothing reaps it either: ``waitpid`` runs only in ``WaitForStubProcess`` (L782-L797), from
+* Nothing reaps it either: ``waitpid`` runs only in ``WaitForStubProcess`` (L782-L796), from
   ``TerminateStub`` when the instance is finalized, so the dead stub stays a zombie until an unload.
 * READY is the model's lifecycle state, not its health: core ``InferenceServer::ModelIsReady``
-  (``src/server.cc`` L450-L471 at r24.10) answers ``state == READY``; the backend API has no call that
+  (``src/server.cc`` L450-L472 at r24.10) answers ``state == READY``; the backend API has no call that
   reports an instance unhealthy.
 
 How, without sending anything into a learner's model: :class:`StubWatch` reads the stubs of the
@@ -41,7 +41,8 @@ the instances in place (core ``TritonModel::UpdateInstanceGroup``, ``src/backend
 L237-L272 at r24.10), so after a count of 2 went back to 1 the survivor was ``echo_0_1`` (measured),
 not the ``echo_0_0`` a fresh load would name.
 Measured here (2 cores shared with other test runs): ``echo`` answered again 3.1 s after its stub was
-SIGKILLed and 2.1 s after the wrapping request's own 500; the reload itself took 1.4 s
+SIGKILLed and 2.1 s after the wrapping request's own 500 (4.8 s and 3.0 s beside two busy loops; 4.8 s
+behind the class's front door, as root); a reload itself took 1.4-3.7 s
 (tests/test_stub_health.py).
 
 Limits: a stub that is alive but stuck is not seen (only a gone one is); a model loaded with a config
