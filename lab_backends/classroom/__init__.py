@@ -9,6 +9,7 @@ read alone:
 * :mod:`.spawner`    each learner's JupyterLab in its own PID namespace, as the learner (key hiding);
 * :mod:`.supervisor` starts Triton and the hub, stops everything it started, by PID (``class start|stop``);
 * :mod:`.command`    the ``lab-backends class`` sub-commands.
+* :mod:`.precompile` the venv byte-compiled ahead, as root (``make class``: learners cannot write into it).
 
 It sits above ``lessons`` and below the entry layer (docs/architecture.md).
 """

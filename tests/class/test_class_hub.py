@@ -1,12 +1,14 @@
 """A class on one machine, end to end: three learners, one shared Triton, a real hub and a real browser.
 
+The class is the README's: its instructors' commands, run as written through sudo (conftest.py), the first test
+says so and the last one stops it with the README's ``sudo make class-stop``.
 Three learners log in concurrently (three Chromium contexts, PAM with their Unix passwords) and run
 lesson 01 in their own JupyterLab, all at once, against the shared Triton; its statistics must
 count all three learners' requests. Then, as each learner, from inside their server's PID
 namespace (where their kernels and terminals run): the admin key cannot be read from the key file,
 from any process's command line or environment. One learner's session cannot open another's
-server. Last, ``lab-backends class stop`` must leave no process of the class and no ``/dev/shm``
-region of its servers.
+server. Last, ``make class-stop`` must leave no process of the class, no port it listened on and no
+``/dev/shm`` region of its servers.
 """
 
 from __future__ import annotations
@@ -112,6 +114,30 @@ def _ran_all(page: Any) -> bool:
     codes = page.locator(".jp-CodeCell").all_inner_texts()
     upto = max(i for i, text in enumerate(codes) if STOP_AT in text)  # the last cell: `shm_server.stop()` also matches
     return _kernel_idle(page) and all(p[1:-2].isdigit() for p in prompts[:upto])
+
+
+def test_the_class_runs_by_the_readmes_own_commands(classroom: Any) -> None:
+    """``sudo make setup``, ``sudo .venv/bin/lab-backends class add-learners roster.txt`` and ``sudo make class``, as
+    the README writes them (only the test's options after each), made this class: the first two exited 0, and
+    the class's supervisor runs under ``make class`` under sudo, after the venv was compiled ahead (the step that
+    once stopped ``make class``: compileall's exit 1 on a torch file Python 3.11 cannot compile)."""
+    room = classroom
+    readme = room.readme
+    assert [c.split()[:3] for c in readme] == [["sudo", "make", "setup"], ["sudo", ".venv/bin/lab-backends", "class"],
+                                               ["sudo", "make", "class"], ["sudo", "make", "class-stop"]], readme
+    run = [line for line, _ in room.ran]
+    assert len(run) == 3 and all(line.startswith(f"{command} ") or line == command
+                                 for line, command in zip(run, readme)), (run, readme)
+    assert [status for _, status in room.ran] == [0, 0, None], room.ran
+    supervisor = psutil.Process(json.loads((room.state_dir / "pids.json").read_text())["supervisor"])
+    assert "class start" in " ".join(supervisor.cmdline()), supervisor.cmdline()
+    above = [p.name() for p in supervisor.parents()]  # nearest first: make (perhaps its shell), then sudo
+    assert "make" in above[:2] and "sudo" in above[above.index("make") + 1:above.index("make") + 3], above
+    assert psutil.Process(room.proc.pid).name() == "sudo", "the class was not started by `sudo make class`"
+    log = room.log.read_text()
+    compiled = [line for line in log.splitlines() if line.startswith("precompile: ")]
+    assert len(compiled) == 1 and " Python files up to date in " in compiled[0], log[-3000:]
+    assert log.index(compiled[0]) < log.index("the class runs"), "the class started before the venv was compiled"
 
 
 def test_three_learners_run_lesson_01_on_the_shared_server(classroom: Any) -> None:
@@ -366,17 +392,42 @@ def test_killing_the_shared_triton_five_times_then_the_hub_never_ends_the_class(
     assert "started again" in room.log.read_text()
 
 
+def _listener(port: int) -> psutil.Process | None:
+    """The process listening on ``port`` on this machine's loopback, if any."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return psutil.Process(conn.pid)
+            except psutil.NoSuchProcess:
+                return None
+    return None
+
+
 def test_stopping_the_class_leaves_nothing(classroom: Any) -> None:
+    """The README's ``sudo make class-stop`` (the test's ``CLASS_STOP_ARGS`` after it) ends ``sudo make class`` with
+    exit 0 and leaves no process, port, shared-memory region, namespace or cgroup of the class."""
     room = classroom
     room.remember()
     regions = shm_regions(sorted(room.seen))
     assert regions, "no Python-backend region seen: the shared Triton's stubs were not found"
     uids = {psutil.Process(p).uids().real for p in room.seen if psutil.pid_exists(p)}
+    settings = room.settings()
+    ports = [settings["hub_port"], settings["hub_api_port"], settings["proxy_api_port"], *settings["triton_ports"]]
+    assert not any(port_is_free(p) for p in ports[:1] + ports[3:]), "the control: the class listens on its ports"
+    stopped_at = time.time()
     done = room.stop()
     assert done.returncode == 0, done.stderr
+    line, status = room.ran[-1]
+    assert line.startswith(room.readme[3] + " ") and status == 0, room.ran
+    started, status = room.ran[2]
+    assert status == 0, f"`{started}` exited {status} after class-stop:\n{room.log.read_text()[-2000:]}"
     alive = [p for p in room.seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running after class stop: {[psutil.Process(p).cmdline()[:3] for p in alive]}"
     assert room.proc.poll() is not None
+    # A port another process took since (free_ports hands them out) is not the class's: only one started before.
+    held = {p: _listener(p) for p in ports if not port_is_free(p)}
+    left = {p: proc.cmdline()[:3] for p, proc in held.items() if proc is not None and proc.create_time() < stopped_at}
+    assert not left, f"ports still held by processes of before the stop: {left}"
     left = [r for r in regions if (SHM_DIR / r).exists()]
     assert not left, f"/dev/shm regions left: {left}"
     learner_uids = uids - {0}
