@@ -7,6 +7,9 @@ arranged by those records (a short request is sent once the long one has receive
 the evidence does not depend on timing luck; every wait is bounded (``run_streams``' timeout).
 The server's own trace says the same: a rescheduled request keeps one trace with one QUEUE_START and
 one COMPUTE_START/END per step, stamped like the other requests of the same execution.
+The server's statistics count one success per step and one failure per generation (the sequencer's
+END marker); a generation cancelled by its client frees its sequence slot at once, not after the
+idle reaper's 5 s (``continuous_release.cancel_frees_slot``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 from lab_backends.charlm import build_charlm
 from lab_backends.cli import build_parser
 from lab_backends.lessons.continuous import late_arrival, served_as_computed, server_view
+from lab_backends.lessons.continuous_release import cancel_frees_slot, iterative_statistics
 from lab_backends.measure import generation_bench
 from lab_backends.measure.generation import ITERATIVE, LENGTHS, STATIC, Ask, GenerationRun, closed_loop, run_streams
 from lab_backends.server.triton_server import TritonServer
@@ -90,6 +94,28 @@ def test_a_refused_request_ends_its_stream_and_frees_its_slot(server):
     run = run_streams(server, ITERATIVE, [[Ask("bad", 0), Ask("good", 3)]])
     assert "MAX_TOKENS must be between 1 and" in run["bad"].error
     assert run["good"].complete and served_as_computed(GenerationRun(ITERATIVE, [run["good"]], run.wall_s))
+
+
+def test_statistics_count_every_step_and_one_end_marker(server):
+    """20 tokens alone (~0.3 s): 20 successes (one per step), inference_count +20, and one failure, the
+    sequencer's cancelled END request; each step's request duration runs from the request's start,
+    so their sum is at least the paced steps' 6.5 ms x (1 + 2 + ... + 20)."""
+    stats = iterative_statistics(server, ITERATIVE, tokens=20)
+    assert (stats.successes, stats.inference_count, stats.failures) == (20, 20, 1), stats.summary()
+    assert stats.request_s >= stats.request_floor_s, stats.summary()
+    assert stats.request_s > 3 * stats.latency_s, stats.summary()  # ~10x measured: the sum is no latency
+
+
+def test_a_cancelled_generation_frees_its_slot_at_once(server):
+    """All 8 slots busy and a 9th request waiting; one generation is cancelled by its client (~1.5 s).
+    The model hands it back with RESCHEDULE, so the batcher frees its slot at once: the waiting request
+    starts while the 7 others still generate (they have ~95 steps left). Released with ALL, the slot
+    waits for the idle reaper (5.05 s measured on the C twin, test_continuous_batching_c.py), against
+    0.02-0.07 s now."""
+    seen = cancel_frees_slot(server, ITERATIVE, held_tokens=100, tag="py")
+    assert seen.admitted_while_held, seen.summary()
+    assert seen.cancel_to_first_token_s < 2.5, seen.summary()  # half the reaper's 5 s
+    assert all(seen.run[h].complete for h in seen.held) and seen.run[seen.waiting].complete, seen.run.requests()
 
 
 def test_the_bench_table_compares_both_models_side_by_side(server, tmp_path):

@@ -15,9 +15,11 @@
  *               correlation ID the iterative sequencer gave it; answer a bad request with an error.
  *   2. forward: one forward pass of the character model over every admitted request.
  *   3. pace:    sleep the rest of step_ms + per_sequence_ms * B (the cost model both models share).
- *   4. stream:  send each request this step's token through its response factory (FINAL on the last).
+ *   4. stream:  send each request this step's token through its response factory (FINAL on the last);
+ *               a request its client cancelled gets nothing (the core answers it, see release).
  *   5. release: report statistics, then release an unfinished request with RESCHEDULE (back to the
- *               scheduler for the next step, where new requests join) and a finished one with ALL.
+ *               scheduler for the next step, where new requests join) and a finished one with ALL;
+ *               a cancelled one with RESCHEDULE too, so that the scheduler frees its slot at once.
  *
  * The weights are build/models/charlm/charlm.npz, exported by set-up to <version>/charlm.raw:
  * a fixed 24-byte header, the vocabulary, then float32 arrays (lab_backends/charlm/raw.py says
@@ -85,7 +87,7 @@ typedef struct {
 } IterInstance;
 
 /* What step 1 decided for one request of this execution. */
-typedef enum { SKIPPED_NULL, ANSWERED, ACTIVE } Kind;
+typedef enum { SKIPPED_NULL, ANSWERED, ACTIVE, CANCELLED } Kind;
 typedef struct {
   Kind kind;
   TRITONBACKEND_ResponseFactory* factory;
@@ -220,13 +222,25 @@ static TRITONSERVER_Error* number_parameter(const char* json, const char* key, d
 
 /* The config must be what this backend's releases need: RESCHEDULE is refused unless the
  * iterative sequencer handles it (core src/infer_request.cc:113-125 at r24.10), and a request
- * that gets many responses needs a decoupled model. Say so at load, not at the first request. */
+ * that gets many responses needs a decoupled model. And a READY control input: `direct` fills an
+ * empty slot below a busy one with a null request whether or not the config has one (core
+ * src/sequence_batch_scheduler/sequence_batch_scheduler.cc:1745-1767), its other inputs are
+ * garbage, and READY 0 is the only mark it carries (the core does not require the control: it is
+ * looked up with required=false, 638-644). Say so at load, not at the first request. The config
+ * JSON is compact (no spaces), and READY is the only tensor of that name here. */
 static TRITONSERVER_Error* check_config(const char* json, const char* name) {
   if (strstr(json, "\"iterative_sequence\":true") == NULL || strstr(json, "\"decoupled\":true") == NULL) {
     return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG, "%s: model '%s' needs sequence_batching { "
                       "iterative_sequence: true } and model_transaction_policy { decoupled: true } in "
                       "config.pbtxt: it releases unfinished requests with RESCHEDULE and streams one "
                       "response per token", BACKEND, name);
+  }
+  if (strstr(json, "\"CONTROL_SEQUENCE_READY\"") == NULL || strstr(json, "\"name\":\"READY\"") == NULL) {
+    return lab_errorf(TRITONSERVER_ERROR_INVALID_ARG, "%s: model '%s' needs a control input named READY in "
+                      "sequence_batching: control_input [ { name: \"READY\" control [ { kind: "
+                      "CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ] in config.pbtxt: the "
+                      "scheduler fills empty slots with null requests, and READY 0 is how they are told apart",
+                      BACKEND, name);
   }
   return NULL;
 }
@@ -280,7 +294,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   return NULL;
 }
 
-/* Triton calls TRITONBACKEND_ModelFinalize after every instance of the model is finalized. */
+/* Triton calls TRITONBACKEND_ModelFinalize after every instance of the model is finalized, and
+ * after a failed load too (core src/backend_model.cc:169-176, 983-987 at r24.10): the state is
+ * NULL then if ModelInitialize failed, since it sets the state last. */
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
@@ -331,7 +347,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   return err;
 }
 
-/* Triton calls TRITONBACKEND_ModelInstanceFinalize at unload, after the instance's last Execute. */
+/* Triton calls TRITONBACKEND_ModelInstanceFinalize at unload, after the instance's last Execute,
+ * and after a failed ModelInstanceInitialize, with the state NULL (set last; core
+ * src/backend_model_instance.cc:209-214, 305-311). free_instance(NULL) does nothing. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
   void* state = NULL;
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
@@ -449,12 +467,17 @@ static TRITONSERVER_Error* read_int32(TRITONBACKEND_Request* request, const char
 
 /* A null request fills an empty slot below a busy one; its READY control is 0 and its other
  * inputs mean nothing (core src/sequence_batch_scheduler/sequence_batch_scheduler.cc:1734-1768
- * at r24.10). A request without READY (a config without the control) is a real one. */
+ * at r24.10). check_config made READY part of the config, so the core sets it on every request,
+ * real (1789) or null (1766-1767); one without it would be a core defect: treated as null, it
+ * is released with nothing computed or answered. */
 static bool is_null_request(TRITONBACKEND_Request* request) {
-  int32_t ready = 1;
+  int32_t ready = 0;
   TRITONSERVER_Error* err = read_int32(request, "READY", &ready);
-  if (err != NULL) TRITONSERVER_ErrorDelete(err);
-  return err == NULL && ready == 0;
+  if (err != NULL) {
+    LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: a request without READY, skipped: %s", BACKEND, TRITONSERVER_ErrorMessage(err));
+    TRITONSERVER_ErrorDelete(err);
+  }
+  return err != NULL || ready == 0;
 }
 
 /* Start a sequence: its prompt's context and its length, checked. */
@@ -493,22 +516,36 @@ static TRITONSERVER_Error* find_state(IterInstance* state, TRITONBACKEND_Request
   return err;
 }
 
-/* Step 1 for one request. A decoupled model answers through a response factory (backend README
- * "Decoupled Responses" at r24.10); a refused or cancelled request still gets its one FINAL flag. */
+/* Step 0: sort out the null requests, and make a response factory for every real one (a decoupled
+ * model answers through one: backend README "Decoupled Responses" at r24.10), all before anything
+ * else. If one cannot be made, none is kept and Execute returns the error: Triton still owns the
+ * requests then and answers each with it (backend examples/backends/recommended/src/
+ * recommended.cc L509-515 at r24.10). Made later, a failed one would leave its request released
+ * with no response, and its client's stream open for good. */
+static TRITONSERVER_Error* new_factories(TRITONBACKEND_Request** requests, uint32_t count, Slot* slots) {
+  for (uint32_t i = 0; i < count; ++i) {
+    if (is_null_request(requests[i])) {
+      slots[i].kind = SKIPPED_NULL; /* nobody waits for it: no response, released with ALL below */
+      continue;
+    }
+    slots[i].kind = ANSWERED;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseFactoryNew(&slots[i].factory, requests[i]);
+    if (err == NULL) continue;
+    for (uint32_t j = 0; j < i; ++j) {
+      if (slots[j].factory == NULL) continue;
+      TRITONSERVER_Error* del = TRITONBACKEND_ResponseFactoryDelete(slots[j].factory);
+      if (del != NULL) TRITONSERVER_ErrorDelete(del);
+      slots[j].factory = NULL;
+    }
+    return err;
+  }
+  return NULL;
+}
+
+/* Step 1 for one real request (its factory made in step 0): its sequence's state; a refused request
+ * gets its error and its one FINAL flag. */
 static void admit(IterInstance* state, TRITONBACKEND_Request* request, Slot* slot) {
-  if (is_null_request(request)) {
-    slot->kind = SKIPPED_NULL; /* nobody waits for it: no response, released with ALL below */
-    return;
-  }
-  slot->kind = ANSWERED;
-  TRITONSERVER_Error* err = TRITONBACKEND_ResponseFactoryNew(&slot->factory, request);
-  if (err != NULL) { /* no way to answer: released below, the client's stream ends with an error */
-    LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: no response factory: %s", BACKEND, TRITONSERVER_ErrorMessage(err));
-    TRITONSERVER_ErrorDelete(err);
-    slot->factory = NULL;
-    return;
-  }
-  err = find_state(state, request, &slot->seq);
+  TRITONSERVER_Error* err = find_state(state, request, &slot->seq);
   if (err != NULL) {
     TRITONBACKEND_Response* response = NULL;
     TRITONSERVER_Error* new_err = TRITONBACKEND_ResponseNewFromFactory(&response, slot->factory);
@@ -520,16 +557,6 @@ static void admit(IterInstance* state, TRITONBACKEND_Request* request, Slot* slo
     TRITONSERVER_ErrorDelete(err);
     new_err = TRITONBACKEND_ResponseFactorySendFlags(slot->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
     if (new_err != NULL) TRITONSERVER_ErrorDelete(new_err);
-    return;
-  }
-  bool cancelled = false;
-  err = TRITONBACKEND_RequestIsCancelled(request, &cancelled);
-  if (err != NULL) TRITONSERVER_ErrorDelete(err);
-  if (cancelled) { /* the client went away: stop generating for nobody, end the stream */
-    slot->seq->id = 0;
-    slot->seq = NULL;
-    err = TRITONBACKEND_ResponseFactorySendFlags(slot->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
-    if (err != NULL) TRITONSERVER_ErrorDelete(err);
     return;
   }
   slot->kind = ACTIVE;
@@ -593,6 +620,21 @@ static void pace(const IterModel* model, uint64_t compute_start, uint32_t batch)
 }
 
 /* ------------------------------------------------------------------------------- step 4: stream */
+
+/* Did the client cancel this request (it went away, or its deadline passed)? Asked after the step's
+ * compute: a request spends nearly all its time inside a step, so that is where a cancel lands; one
+ * that lands while it waits in its slot is found by the batcher itself (see release). A cancelled
+ * request is forgotten and gets no token: release hands it back, and the core answers it. */
+static bool cancelled_now(Slot* slot, TRITONBACKEND_Request* request) {
+  bool cancelled = false;
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestIsCancelled(request, &cancelled);
+  if (err != NULL) TRITONSERVER_ErrorDelete(err);
+  if (!cancelled) return false;
+  slot->seq->id = 0;
+  slot->seq = NULL;
+  slot->kind = CANCELLED;
+  return true;
+}
 
 /* Whether the client asked for output 'name' (all outputs when it named none). */
 static bool requested(TRITONBACKEND_Request* request, const char* name) {
@@ -671,11 +713,12 @@ static TRITONSERVER_Error* stream_token(IterInstance* state, TRITONBACKEND_Reque
 /* ------------------------------------------------------------------------------- step 5: release */
 
 /* End a request's stream and the request: the FINAL flag if it was not sent with a token, then
- * RELEASE_ALL; the iterative sequencer then frees the request's slot (sequence_utils.cc:40-56). */
+ * RELEASE_ALL; the iterative sequencer then enqueues a null END request for its correlation ID,
+ * which frees its slot (sequence_utils.cc:40-56), unless the request was cancelled (43). */
 static void end_request(TRITONBACKEND_Request* request, Slot* slot) {
   TRITONSERVER_Error* err = NULL;
   if (slot->kind == ACTIVE && slot->seq != NULL) slot->seq->id = 0; /* finished or failed: forget it */
-  if (slot->kind == ACTIVE && !(slot->ok && slot->done)) { /* the stream still needs its FINAL */
+  if ((slot->kind == ACTIVE && !(slot->ok && slot->done)) || slot->kind == CANCELLED) { /* needs its FINAL */
     err = TRITONBACKEND_ResponseFactorySendFlags(slot->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
     if (err != NULL) TRITONSERVER_ErrorDelete(err);
   }
@@ -689,25 +732,37 @@ static void end_request(TRITONBACKEND_Request* request, Slot* slot) {
 /* Step 5 for one request: statistics first (they need a request we still own: tritonbackend.h
  * 1336-1340 at r24.10), then the release. RESCHEDULE puts an unfinished request back in its
  * sequence slot's queue, inputs and all, for the next step (core src/sequence_batch_scheduler/
- * sequence_utils.cc:35-38); a finished, refused or null one ends with ALL. A failed RESCHEDULE
- * leaves the request ours (src/backend_model.cc:1346-1360): end it instead. */
+ * sequence_utils.cc:35-38); a finished, refused or null one ends with ALL.
+ * A cancelled request is rescheduled too, with nothing sent: released with ALL it would end
+ * nothing (sequence_utils.cc:43 skips the END request of a cancelled one) and its slot would wait
+ * for the idle reaper (max_sequence_idle_microseconds: 5 s here). Back at the head of its slot's
+ * queue, the batcher finds it cancelled and frees the slot before it forms the next step
+ * (sequence_batch_scheduler.cc:1644-1656), then answers it CANCELLED, FINAL (84-97).
+ * A failed RESCHEDULE leaves the request ours (src/backend_model.cc:1346-1360): end it instead. */
 static void release(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, Slot* slot,
                     const uint64_t stamps[4]) {
+  /* Reported at every step, as python_backend does for every request of every execution
+   * (src/pb_metric_reporter.cc L44-67 at r24.10): core counts one success per step, i.e. per token
+   * (infer_request.cc:1445-1449), and since a rescheduled request keeps its original start
+   * (server.cc:545 captures it once), each step's request duration runs from the request's start:
+   * their sum grows with the square of the length. Notebook 08b reads these statistics. */
   if (slot->kind != SKIPPED_NULL) { /* core ignores a null request's statistics (infer_request.cc:520, 1429) */
     TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportStatistics(
         instance, request, slot->kind == ACTIVE && slot->ok, stamps[0], stamps[1], stamps[2], stamps[3]);
     if (err != NULL) TRITONSERVER_ErrorDelete(err);
   }
   TRITONSERVER_Error* err = NULL;
-  if (slot->kind == ACTIVE && slot->ok && !slot->done) {
+  bool reschedule = (slot->kind == ACTIVE && slot->ok && !slot->done) || slot->kind == CANCELLED;
+  if (reschedule) {
     err = TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE);
     if (err != NULL) {
       LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: cannot reschedule: %s", BACKEND, TRITONSERVER_ErrorMessage(err));
       TRITONSERVER_ErrorDelete(err);
       slot->ok = false;
+      reschedule = false;
     }
   }
-  if (!(slot->kind == ACTIVE && slot->ok && !slot->done)) end_request(request, slot);
+  if (!reschedule) end_request(request, slot);
   if (slot->factory != NULL) { /* our handle only: the request's own factory lives on */
     err = TRITONBACKEND_ResponseFactoryDelete(slot->factory);
     if (err != NULL) TRITONSERVER_ErrorDelete(err);
@@ -728,19 +783,24 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   LAB_RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, (void**)&state));
   Slot* slots = calloc(count ? count : 1, sizeof *slots);
   if (slots == NULL) return lab_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory", BACKEND);
+  TRITONSERVER_Error* no_factory = new_factories(requests, count, slots); /* step 0 */
+  if (no_factory != NULL) { /* nothing sent yet: Triton answers every request with this error */
+    free(slots);
+    return no_factory;
+  }
   state->executions += 1;
 
   int32_t nulls = 0;
   for (uint32_t i = 0; i < count; ++i) { /* step 1 */
-    admit(state, requests[i], &slots[i]);
-    nulls += slots[i].kind == SKIPPED_NULL;
+    if (slots[i].kind == SKIPPED_NULL) ++nulls;
+    else admit(state, requests[i], &slots[i]);
   }
   stamps[1] = lab_now_ns();
   uint32_t batch = forward(state, slots, count); /* step 2 */
   if (batch > 0) pace(state->model, stamps[1], batch); /* step 3 */
   stamps[2] = lab_now_ns();
   for (uint32_t i = 0; i < count; ++i) { /* step 4 */
-    if (slots[i].kind != ACTIVE) continue;
+    if (slots[i].kind != ACTIVE || cancelled_now(&slots[i], requests[i])) continue;
     TRITONSERVER_Error* err = stream_token(state, requests[i], &slots[i], (int32_t)batch, nulls);
     slots[i].ok = err == NULL;
     if (err != NULL) {

@@ -9,6 +9,8 @@ RESCHEDULE). Every streamed token carries the model's record of its step: EXEC, 
   ``after`` tokens, a short one is sent. Iterative scheduling runs the short one's steps IN the long
   one's executions; static batching runs it in a later execution, after the long one's last token.
   The arrival is arranged by the records, not by a sleep: the evidence does not depend on timing.
+* what a release does to a sequence slot when the client cancels, and what the statistics count
+  for an iterative model: :mod:`.continuous_release`.
 * :func:`reference_texts`: what greedy decoding must produce, computed in-process with the weights.
 * :func:`server_steps`: the SERVER's own record of the same thing, from its trace: a rescheduled
   request keeps one trace, which gains a ``QUEUE_START`` and a ``COMPUTE_START``/``COMPUTE_END``

@@ -9,8 +9,10 @@ execution, and when each token arrived.
 :func:`run_streams` sends :class:`Ask` lists on concurrent gRPC streams (one tritonclient stream
 per list, one request in flight per stream, the next sent when the previous one's FINAL arrived:
 a closed loop). An ``Ask`` may wait until another request has received some tokens
-(``after=("long", 2)``): arrivals are then arranged by the model's records, not by sleeps, so
-"a request that arrived while another was generating" holds on a slow machine too. Every wait is
+(``after=("long", 2)``, or several such pairs): arrivals are then arranged by the model's records,
+not by sleeps, so "a request that arrived while another was generating" holds on a slow machine too.
+An ``Ask`` with ``cancel_after=n`` is cancelled by its client once it has received n tokens (the
+stream is stopped with ``cancel_requests=True``, as a client that goes away does). Every wait is
 bounded. :class:`GenerationRun` turns the collected tokens into tables: per request (time to first
 token, latency, tokens/s) and the timeline (request, step, execution, batch, arrival time).
 """
@@ -44,7 +46,15 @@ class Ask:
     name: str
     max_tokens: int
     prompt: str = DEFAULT_PROMPT
-    after: tuple[str, int] | None = None  # (request, tokens): send once that request has received as many
+    #: (request, tokens): send once that request has received as many (or finished); several pairs: all of them
+    after: tuple[str, int] | tuple[tuple[str, int], ...] | None = None
+    cancel_after: int = 0  # cancel it (stop its stream) once it has received this many tokens; 0: never
+
+    def waits_for(self) -> tuple[tuple[str, int], ...]:
+        """The (request, tokens) pairs this request is sent after."""
+        if self.after is None:
+            return ()
+        return (self.after,) if isinstance(self.after[0], str) else tuple(self.after)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,7 @@ class Generation:
     finals: int = 0
     late: int = 0  # responses after the FINAL one (a correct model sends none)
     error: str = ""
+    cancelled_s: float = float("nan")  # when its client cancelled it (Ask.cancel_after)
 
     @property
     def text(self) -> str:
@@ -214,16 +225,24 @@ def _drive(collector: _Collector, server: RunningServer, model: str, stream: Seq
             g = collector.by_name[ask.name]
             current[0] = g
             try:
-                if ask.after is not None:
-                    other, count = collector.by_name[ask.after[0]], ask.after[1]
+                for name, count in ask.waits_for():
+                    other = collector.by_name[name]
                     collector.wait(lambda: len(other.tokens) >= count or other.finals > 0, timeout_s,
-                                   f"{ask.after[0]} received no {count} tokens within {timeout_s:g} s")
+                                   f"{name} received no {count} tokens within {timeout_s:g} s")
                 inputs = {"PROMPT": np.array([[ask.prompt.encode()]], dtype=object),
                           "MAX_TOKENS": np.array([[ask.max_tokens]], dtype=np.int32)}
                 with collector.cond:
                     g.sent_s = collector.now()
                 client.async_stream_infer(model, make_inputs(inputs), request_id=ask.name,
                                           enable_empty_final_response=True)
+                if ask.cancel_after:
+                    collector.wait(lambda: len(g.tokens) >= ask.cancel_after or g.finals > 0, timeout_s,
+                                   f"{ask.name} received no {ask.cancel_after} tokens within {timeout_s:g} s")
+                    with collector.cond:
+                        g.cancelled_s = collector.now()
+                        g.error = g.error or f"cancelled by its client after {len(g.tokens)} tokens"
+                    client.stop_stream(cancel_requests=True)  # the stream's later requests are not sent
+                    return
                 collector.wait(lambda: g.finals > 0, timeout_s,
                                f"no FINAL flag within {timeout_s:g} s ({len(g.tokens)} tokens received)")
             except TimeoutError as exc:

@@ -52,6 +52,12 @@ def table(runs: dict[str, GenerationRun]) -> pd.DataFrame:
                      ignore_index=True)
 
 
+def ratios(runs: dict[str, GenerationRun]) -> dict[str, float]:
+    """The table's last row, iterative / static, column by column: the figures notebook 08b's claims check."""
+    row = table(runs).iloc[-1]
+    return {c: float(row[c]) for c in COLUMNS[1:-1]}
+
+
 def continuous_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
                      log: Callable[[str], None] = print) -> pd.DataFrame:
     """Run the comparison once on a fresh server; write ``continuous.csv``; print the table."""

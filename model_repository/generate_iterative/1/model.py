@@ -5,7 +5,18 @@ iterative sequence batcher handed in, one token streamed to each, then each unfi
 released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` (python_backend README "Request
 Rescheduling" at r24.10: a decoupled model must set it before ``execute`` returns). The scheduler
 re-enqueues it for the next step; a request admitted meanwhile joins that step. The last token goes
-out with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` and the request is released normally.
+out with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` and the request is released normally: the
+iterative sequencer then enqueues a null END request for its correlation ID, which frees its
+sequence slot (core ``sequence_utils.cc`` 40-56 at r24.10).
+
+Cancellation: a request whose client went away is handed back with RESCHEDULE too, with no token
+and no FINAL. Released normally it would free nothing: the sequencer skips the END request for a
+cancelled request (``sequence_utils.cc`` 43), so its slot would wait for the idle reaper
+(``max_sequence_idle_microseconds``, 5 s here). Rescheduled, it is back at the head of its slot's
+queue, where the batcher finds it cancelled and frees the slot before forming the next step
+(``sequence_batch_scheduler.cc`` 1644-1656); the core answers it CANCELLED (84-97). The check comes
+after the step's compute: a request spends nearly all its time inside a step, so that is where a
+cancel lands (one that lands while it waits in its slot is found by the batcher itself).
 
 State between steps lives here, keyed by the correlation ID the iterative sequencer gave the
 request (core ``sequence_utils.h`` 78-90 at r24.10): the text so far and the step count.
@@ -86,10 +97,6 @@ class TritonPythonModel:
                     self.live.pop(key, None)
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
                     continue
-            if sender.is_cancelled():  # the client went away: stop generating for nobody
-                self.live.pop(key, None)
-                sender.send(flags=FINAL)
-                continue
             active.append((request, key, sender))
         if not active:
             return None
@@ -97,6 +104,10 @@ class TritonPythonModel:
         tokens = self._step([self.live[key]["text"] for _, key, _ in active])
         time.sleep(max(0.0, self.step_s + self.per_sequence_s * len(active) - (time.perf_counter() - started)))
         for (request, key, sender), token in zip(active, tokens):
+            if sender.is_cancelled():  # the client went away: forget it, and let the scheduler free its slot
+                del self.live[key]
+                request.set_release_flags(RESCHEDULE)  # no token, no FINAL: the core answers it CANCELLED
+                continue
             state = self.live[key]
             state["text"] += self.vocab[int(token)]
             step = len(state["text"]) - state["start"] - 1
