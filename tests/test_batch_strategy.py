@@ -22,7 +22,7 @@ import pytest
 
 from lab_backends.errors import BackendBuildError, MeasuredClaimError
 from lab_backends.lessons import batch_strategy, strategy_calls
-from lab_backends.lessons.exercises.batch_strategy import prefix_hint
+from lab_backends.lessons.exercises.batch_strategy import Offer, judge, missing, offers_in
 from lab_backends.lessons.exercises.registry import load_solution
 from lab_backends.notebook import measure_rounds
 from lab_backends.server import cbackend
@@ -140,8 +140,9 @@ def test_count_calls_pairs_tallies_by_pointer():
 
 
 def test_batch_initialize_without_a_batcher_lets_the_batch_form_unbudgeted(library):
-    """While a model unloads, Triton finalizes the batcher and sets it to NULL before it stops the
-    batcher thread (core backend_model.cc 953-967 at r24.10): BatchInitialize must not dereference it.
+    """While a model unloads, Triton finalizes the batcher and sets it to NULL (core backend_model.cc 955 at
+    r24.10) while the batcher thread still runs; the strategy's functions stay callable until ClearHandles nulls
+    them (1005-1009), and the thread stops only after that (967): BatchInitialize must not dereference it.
     Called directly (ctypes, in a child process: without the guard it dies with SIGSEGV)."""
     probe = textwrap.dedent("""
         import ctypes, sys
@@ -211,13 +212,57 @@ def _inputs(x):
     return make_inputs({"INPUT0": x})
 
 
-@pytest.mark.parametrize("mixed, hint", [
-    (["red", "redwood"], "'red' is a prefix of the others"),
-    (["redwood", "(none)", "blue"], "(no tenant) is a prefix of the others"),
-    (["red", "blue"], ""),
-    (["redwood", "red", "blue"], ""),
+def _offers(*rows: tuple[str, str, bool]) -> list[Offer]:
+    """Offers (batch tenant, offered tenant, included) covering what the checker must have seen."""
+    return [Offer(f"r{i}", batch, tenant, included) for i, (batch, tenant, included) in enumerate(rows)]
+
+
+#: A correct strategy's answers: its own tenant joins, 'redwood' stays out of 'red', 'blue' out of "".
+CORRECT = (("red", "red", True), ("red", "redwood", False), ("", "", True), ("", "blue", False),
+           ("blue", "red", False))
+
+
+def test_the_call_log_gives_each_offer_its_batch_s_tenant():
+    """Offers are read per tally, from BatchInitialize to BatchFinalize (an address is reused only after
+    its BatchFinalize); the first included request gives the batch's tenant; Triton's closing quote is cut."""
+    lines = ["BatchInitialize batcher=(nil) -> tally=0x1", "BatchIncludeRequest tally=0x1 -> 1 request=a",
+             "BatchIncludeRequest tally=0x1 -> 0 request=b", "BatchFinalize tally=0x1",
+             "BatchInitialize batcher=(nil) -> tally=0x1", "BatchIncludeRequest tally=0x1 -> 0 request=c",
+             "BatchIncludeRequest tally=0x1 -> 1 request=b", "BatchIncludeRequest tally=0x1 -> 1 request=other-run",
+             "BatchIncludeRequest tally=0x1 -> 1 request=d", "BatchFinalize tally=0x1"]
+    log = "\n".join(f'I1204 19:13:23.17 1 call_log.c:73] "batch call log: {line}"' for line in lines)
+    offers, refused_first = offers_in(log, {"a": "red", "b": "redwood", "c": "", "d": "red"})
+    assert offers == [Offer("b", "red", "redwood", False), Offer("d", "redwood", "red", True)]
+    assert refused_first == ["c"]
+
+
+def test_a_correct_strategy_s_answers_pass_and_too_few_cannot():
+    assert judge(_offers(*CORRECT)) == "" and missing(_offers(*CORRECT)) == []
+    assert "could not judge" in judge(_offers(*CORRECT[1:]))  # no named tenant offered to its own batch
+
+
+@pytest.mark.parametrize("rows, says, not_said", [
+    # The pointer comparison of issue 47: only tenant-less requests meet (one "" literal).
+    ((("red", "red", False), ("blue", "blue", False), ("", "", True), ("", "blue", False), ("red", "redwood", False)),
+     "only tenant-less requests shared a batch", "prefix"),
+    ((("red", "red", False), ("", "", False), ("", "blue", False), ("red", "redwood", False)),
+     "Compare tenant names with strcmp, not their pointers", "tenant-less"),
+    # strncmp with the batch tenant's length: only extensions of the batch's tenant get in.
+    ((("red", "red", True), ("red", "redwood", True), ("", "blue", True), ("blue", "red", False)),
+     "every tenant it let in begins with the batch's", "did not compare"),
+    # Every request joins: a mixed batch, and no cause guessed beyond what the answers show.
+    ((("red", "red", True), ("red", "redwood", True), ("", "blue", True), ("blue", "red", True)),
+     "it refused none of the 3 requests of another tenant", "strncmp"),
+    # A "" batch took 'blue' and nothing was refused that would single out a prefix comparison: no cause named.
+    ((("red", "red", True), ("", "blue", True), ("red", "redwood", True)), "mixed tenants", "strncmp"),
+    ((("red", "red", False), ("red", "redwood", True), ("", "blue", True), ("", "", False)),
+     "wrong way round", "pointers"),
 ])
-def test_a_mixed_batch_names_the_prefix_that_let_its_tenants_in(mixed, hint):
-    """The prefix fault mixes 'red' with 'redwood' or, when a tenant-less request opened the batch, "" with
-    anything: the message names either (which one a run shows depends on arrival order)."""
-    assert (hint in prefix_hint(mixed)) and bool(prefix_hint(mixed)) == bool(hint)
+def test_the_fault_named_is_the_one_the_answers_show(rows, says, not_said):
+    fault = judge(_offers(*rows))
+    assert says in fault and not_said not in fault, fault
+
+
+def test_a_mixed_batch_in_the_trace_is_refused_even_without_a_logged_offer():
+    assert judge(_offers(*CORRECT), mixed="a batch of 2 requests mixed tenants {'red': 1, 'blue': 1}").startswith(
+        "a batch of 2 requests mixed tenants")

@@ -68,7 +68,8 @@ def every_batch_closed(max_batch_size: int) -> dict[str, Any]:
     holds requests. A batch is closed when it reaches a preferred size with no queue delay
     (596-599): with every size preferred, always. A refusal from the strategy closes it too
     (564-571, 613-616), but not with a queue delay once a preferred size was reached earlier in
-    the same pass (596-602 returns first): so no delay here (:func:`trickle` measures one).
+    the same pass and the delay has not yet run out (591-603 returns first): so no delay here
+    (:func:`trickle` measures one).
     """
     return {"preferred_batch_size": list(range(1, max_batch_size + 1))}
 

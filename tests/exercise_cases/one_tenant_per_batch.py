@@ -14,6 +14,8 @@ _file, _variant = _SOURCES.file, _SOURCES.variant
 
 FREE_BOTH = "    free(batch->tenant);\n    free(batch);\n"
 COMPARE = "*should_include = batch->tenant != NULL && strcmp(batch->tenant, tenant) == 0;"
+COPY = "    batch->tenant = strdup(tenant);\n"
+KEEP = "    batch->tenant = (char*)tenant; /* the request's own text, no copy */\n"
 
 WRONG = [
     Wrong("ModelBatchFinalize frees the batch but not its copy of the tenant",
@@ -24,14 +26,29 @@ WRONG = [
           r"ModelBatchFinalize frees nothing.*every batch leaks it"),
     Wrong("ignores the tenant: every request joins (the plain batcher)",
           _variant("ignores_tenant", (COMPARE, "*should_include = true;")),
-          r"mixed tenants"),
+          r"mixed tenants.*it refused none of the \d+ requests of another tenant"),
     Wrong("compares only as many characters as the batch's tenant has ('red' takes 'redwood')",
           _variant("prefix", (COMPARE, "*should_include = batch->tenant != NULL && "
                                        "strncmp(batch->tenant, tenant, strlen(batch->tenant)) == 0;")),
-          r"mixed tenants .* is a prefix of the others: a comparison of only as many characters"),
-    Wrong("compares the pointers, not the text: every batch holds one request",
+          r"mixed tenants.*every tenant it let in begins with the batch's.*a comparison of only as many characters"),
+    Wrong("copies the tenant but compares the pointers, not the text: no two requests ever share a batch",
           _variant("pointers", (COMPARE, "*should_include = batch->tenant == tenant;")),
-          r"every batch held one request.*strcmp"),
+          r"refused \d+ of the \d+ requests offered to a batch of their own tenant.*"
+          r"Compare tenant names with strcmp, not their pointers"),
+    # The issue-47 answer: the request's pointer kept (the header says to copy it) and compared with ==;
+    # tenant-less requests still meet, since request_tenant gives them all one "" literal.
+    Wrong("keeps the request's pointer and compares pointers: only tenant-less requests share a batch",
+          _variant("kept_pointer_compared", (COPY, KEEP), (COMPARE, "*should_include = batch->tenant == tenant;"),
+                   (FREE_BOTH, "    free(batch);\n")),
+          r"only tenant-less requests shared a batch.*the same pointer.*"
+          r"Compare tenant names with strcmp, not their pointers"),
+    Wrong("keeps the request's pointer and frees it in ModelBatchFinalize as if it were a copy",
+          _variant("kept_pointer_freed", (COPY, KEEP)),
+          r"tritonserver died.*free\(\) was given a pointer your strategy did not allocate"),
+    Wrong("tests strcmp's result as true-when-equal: includes other tenants, refuses its own",
+          _variant("strcmp_as_bool", (COMPARE, "*should_include = batch->tenant != NULL && "
+                                               "strcmp(batch->tenant, tenant);")),
+          r"wrong way round.*strcmp returns 0 when the texts are equal"),
     Wrong("refuses a request without a tenant, even as the first of a batch: the batcher spins",
           _variant("refuses_untagged",
                    ("  LAB_RETURN_IF_ERROR(request_tenant(request, &tenant));\n",

@@ -9,7 +9,7 @@
  *
  *   batch call log: BatcherInitialize model=<name> -> batcher=<pointer>
  *   batch call log: BatchInitialize batcher=<pointer> -> tally=<pointer>
- *   batch call log: BatchIncludeRequest tally=<pointer> -> 0|1
+ *   batch call log: BatchIncludeRequest tally=<pointer> -> 0|1 request=<request id>
  *   batch call log: BatchFinalize tally=<pointer>
  *   batch call log: BatcherFinalize batcher=<pointer>
  *
@@ -66,7 +66,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batch
 TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(TRITONBACKEND_Request* request, void* userp,
                                                            bool* should_include) {
   TRITONSERVER_Error* err = wrapped_ModelBatchIncludeRequest(request, userp, should_include);
-  CALL_LOG("BatchIncludeRequest tally=%p -> %d", userp, (int)*should_include);
+  /* The request's id says which request was offered (the exercise checker of notebook 09b reads it). */
+  const char* id = NULL;
+  TRITONSERVER_Error* named = TRITONBACKEND_RequestId(request, &id);
+  if (named != NULL) TRITONSERVER_ErrorDelete(named);
+  CALL_LOG("BatchIncludeRequest tally=%p -> %d request=%s", userp, (int)*should_include, id != NULL ? id : "");
   return err;
 }
 

@@ -9,19 +9,37 @@ learner fixes things:
    (:func:`~lab_backends.lessons.batch_strategy.allocation_faults`): a ``ModelBatchFinalize`` that
    does not free what ``ModelBatchInitialize``/``IncludeRequest`` allocated leaks once per batch;
 2. builds it with ``gcc -Wall -Wextra -Werror -Wl,-z,defs``, all five entry points exported;
-3. loads it on ``scheduler_probe`` (one instance, 25 ms per batch, so a burst queues) on a server
-   *of its own* (a strategy runs inside tritonserver: a NULL dereference kills the server, which
-   must not be the learner's), sends bursts of requests of four tenants in runs (``red``,
-   ``redwood``, ``blue`` and no tenant), and rebuilds every batch from the trace: a batch holding two
-   tenants, a request never answered (the batcher spins on a request the strategy refuses at the
-   head of an empty batch: core ``src/dynamic_batch_scheduler.cc`` 564-571 and 605-609 at r24.10),
-   a crash, or batches that never hold more than one request are each refused with the fault
-   named; finally the model is unloaded (``ModelBatcherFinalize``) and the server must still serve.
+3. loads it on ``scheduler_probe`` (one instance, so a burst queues) on a server *of its own* (a
+   strategy runs inside tritonserver: a NULL dereference kills the server, which must not be the
+   learner's), sends a burst of requests of four tenants in runs (``red``, ``redwood``, ``blue`` and
+   no tenant) and rebuilds every batch from the trace: a request never answered (the batcher spins
+   on a request the strategy refuses at the head of an empty batch: core
+   ``src/dynamic_batch_scheduler.cc`` 564-571 and 605-609 at r24.10), a crash, or a batch holding two
+   tenants is each refused with the fault named;
+4. loads the same file wrapped in the call log (``c_backends/batching/call_log``: every
+   ``IncludeRequest`` logged with the request's id and the answer) and sends bursts that queue runs of
+   one tenant behind a slow batch, from separate requests (so two requests of one tenant never share
+   a pointer to their tenant's text). What the strategy answered for each request offered to a
+   batch that already held one is the evidence: a request of another tenant let in, or one of the
+   batch's own refused (a pointer comparison: tenant-less requests still meet, since
+   ``request_tenant`` gives them all one ``""`` literal), each named; a cause (a prefix comparison,
+   a test the wrong way round) only where the answers single it out. The model is unloaded
+   (``ModelBatcherFinalize``) after each load and the server must still serve.
+
+Not checked, because Triton 2.51 never shows it: a batch that keeps the request's pointer to its
+tenant instead of a copy. The batch's state is finalized before the batch is handed to an instance
+(core ``dynamic_batch_scheduler.cc`` 430-437 at r24.10), so before any of its requests can be released,
+and started afresh whenever a request leaves the queue (``scheduler_utils.cc`` 410 and 432-433;
+``dynamic_batch_scheduler.cc`` 502-508): the kept pointer is never read after its request is released
+(AddressSanitizer would have nothing to report either). A kept pointer that is then freed as if it were a copy
+crashes the server, which step 3 reports.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
-from lab_backends.lessons import batch_strategy
+from lab_backends.lessons import batch_strategy, strategy_calls
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.handout import handout, read_c_answer
 from lab_backends.paths import MODEL_REPOSITORY
@@ -53,13 +71,26 @@ TASK = (
     "request joins (the first request of a batch always does, and decides its tenant), ModelBatchFinalize "
     "frees what the batch allocated. Then call exercises.check('one_tenant_per_batch', "
     "'exercises/tenant_batching.c'). The checker reads your frees, builds the file with -Wall -Wextra -Werror "
-    "-Wl,-z,defs, loads it on scheduler_probe on a server of its own, sends bursts of requests of several "
-    "tenants and checks every batch in the trace."
+    "-Wl,-z,defs, loads it on scheduler_probe on a server of its own, sends a burst of requests of several "
+    "tenants and checks every batch in the trace, then loads it wrapped in the call log and reads what your "
+    "IncludeRequest answered for each request offered to a batch that already held one."
 )
 #: The tenants of one burst, in runs (None: no tenant parameter). "redwood" starts with "red".
 RUNS = (("red", 4), ("redwood", 3), ("blue", 5), (None, 3), ("red", 3), ("redwood", 4), (None, 2),
         ("blue", 4), ("red", 5), ("redwood", 3))
-BURST_TRIES = 3
+#: Milliseconds per batch of the traced burst (scheduler_probe's fixed_ms).
+BURST_MS = 25
+#: The bursts on the call-logging build: runs of 3 of each kind of tenant, and batches slow enough
+#: (LOGGED_MS each) that the burst queues behind the first batches, so requests of one tenant are offered
+#: to a batch of their own, 'redwood' to a batch of 'red', and 'blue' to one of no tenant (every offer is
+#: logged with what the strategy answered). The lead-in pair runs first (one alone on the idle instance,
+#: one prefetched alone while it runs: core dynamic_batch_scheduler.cc 367), before the rest has arrived.
+LOGGED_RUNS = (("blue", 2), ("red", 3), ("redwood", 3), (None, 3), ("blue", 3))
+LOGGED_MS = 60
+#: Sent this far apart, the requests reach the queue in the order sent (all at once, gRPC's threads
+#: reorder them: 13, 9, 14, 12, 2, ... in one burst), so a run of one tenant waits in the queue together.
+LOGGED_GAP_S = 0.003
+LOGGED_TRIES = 4
 ANSWER_TIMEOUT_S = 10.0
 
 
@@ -91,63 +122,235 @@ def check_tenant_strategy(answer: Any, server: Any = None) -> str:
         except BackendBuildError as exc:
             raise ExerciseError(f"your {path.name} does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n"
                                 f"{exc}") from exc
+        try:
+            logged = strategy_calls.build(tmp, wrapped=path)
+        except BackendBuildError as exc:
+            raise ExerciseError(f"your {path.name} builds alone but not inside the call log that the checker wraps "
+                                "it in (c_backends/batching/call_log/call_log.c #includes it after renaming the five "
+                                "functions): do not use the names CALL_LOG or wrapped_*, nor redefine the five "
+                                f"functions' names:\n{exc}") from exc
         base = read_config(MODEL_REPOSITORY / MODEL)
-        config = batch_strategy.with_strategy(base, library, fixed_ms=25)
         with TritonServer(models=[], trace_file=Path(tmp) / "trace.json", trace_log_frequency=1,
                           target="local", exit_timeout_s=2) as own:
-            try:
-                own.load_model(MODEL, config=config)
-            except ModelLoadError as exc:
-                raise ExerciseError(f"scheduler_probe did not load with your strategy: {exc.reason}") from exc
-            seen = _bursts(own)
-            own.unload_model(MODEL)
+            mixed, table = _traced_burst(own, batch_strategy.with_strategy(base, library, fixed_ms=BURST_MS))
+            offers = _logged_offers(own, batch_strategy.with_strategy(base, logged, fixed_ms=LOGGED_MS))
             _still_alive(own, "after the model was unloaded (ModelBatcherFinalize)")
-    batches, requests, largest = seen
-    return (f"{path.name} built with -Werror; {requests} requests of 4 tenants ran in {batches} batches (largest "
-            f"{largest} requests), every batch of one tenant, tenant-less requests apart; unloaded cleanly.")
+    fault = judge(offers, mixed)
+    if fault:
+        raise ExerciseError(fault)
+    joined = [o for o in offers if o.same and o.tenant]
+    return (f"{path.name} built with -Werror; {int(table['size'].sum())} requests of 4 tenants ran in {len(table)} "
+            f"batches (largest {int(table['size'].max())} requests), every batch of one tenant; logged: each "
+            f"of the {len(joined)} requests offered to a batch of their own named tenant joined it, each of the "
+            f"{sum(not o.same for o in offers)} of another tenant was refused; unloaded cleanly.")
 
 
-def _bursts(own: Any) -> tuple[int, int, int]:
-    """Up to BURST_TRIES bursts until one batch holds several requests; every batch must be one tenant's."""
-    batches = requests = largest = 0
+@dataclass(frozen=True)
+class Offer:
+    """One ``ModelBatchIncludeRequest`` call on a batch that already held a request, read from the call log.
+
+    ``batch`` is the tenant of the batch's first request ("" for none), ``tenant`` the offered one's.
+    """
+
+    request_id: str
+    batch: str
+    tenant: str
+    included: bool
+
+    @property
+    def same(self) -> bool:
+        return self.batch == self.tenant
+
+
+#: The call log's lines (Triton quotes a log message: the closing quote is not part of the last field).
+_INIT = re.compile(r"BatchInitialize batcher=\S+ -> tally=([^\s\"]+)")
+_INCLUDE = re.compile(r"BatchIncludeRequest tally=(\S+) -> ([01]) request=([^\s\"]*)")
+_FINAL = re.compile(r"BatchFinalize tally=([^\s\"]+)")
+
+
+def offers_in(log_text: str, tenant_of: dict[str, str]) -> tuple[list[Offer], list[str]]:
+    """The offers to non-empty batches in the call log (c_backends/batching/call_log), and the requests
+    refused as the first of a batch.
+
+    A batch is a tally, from the ``BatchInitialize`` that returned it to its ``BatchFinalize``; its first
+    included request gives its tenant. Requests of other runs (ids not in ``tenant_of``) are skipped.
+    """
+    first: dict[str, str | None] = {}
+    offers: list[Offer] = []
+    refused_first: list[str] = []
+    for line in log_text.splitlines():
+        if strategy_calls.TAG not in line:
+            continue
+        if m := _INIT.search(line):
+            first[m.group(1)] = None
+        elif m := _FINAL.search(line):
+            first.pop(m.group(1), None)
+        elif m := _INCLUDE.search(line):
+            tally, included, rid = m.group(1), m.group(2) == "1", m.group(3)
+            if rid not in tenant_of:
+                continue
+            batch = first.get(tally)
+            if batch is None:
+                if included:
+                    first[tally] = tenant_of[rid]
+                else:
+                    refused_first.append(rid)
+            else:
+                offers.append(Offer(rid, batch, tenant_of[rid], included))
+    return offers, refused_first
+
+
+def judge(offers: list[Offer], mixed: str = "") -> str:
+    """The fault the strategy's own decisions show (``""``: none), most telling first.
+
+    ``mixed``: a mixed batch seen in the trace, described. Each message says what was seen and then the
+    rule; a cause is named only where the decisions single it out (e.g. a prefix comparison: only
+    tenants that begin with the batch's were let in, and others were refused).
+    """
+    same = [o for o in offers if o.same]
+    other = [o for o in offers if not o.same]
+    let_in = [o for o in other if o.included]
+    kept_out = [o for o in same if not o.included]
+    if let_in and kept_out and not any(o.included for o in same) and all(o.included for o in other):
+        return (f"IncludeRequest answered the wrong way round: it took all {len(other)} requests of other tenants "
+                f"offered to a batch (e.g. {_shown(let_in[0].tenant)} into a batch of {_shown(let_in[0].batch)}), "
+                f"mixed tenants, and refused all {len(same)} of the batch's own tenant: strcmp returns 0 when the "
+                "texts are equal, so include a request when strcmp(batch tenant, its tenant) == 0")
+    if let_in or mixed:
+        seen = mixed or (f"IncludeRequest took {len(let_in)} requests into a batch of another tenant (e.g. "
+                         f"{let_in[0].request_id}, {_shown(let_in[0].tenant)}, into a batch of "
+                         f"{_shown(let_in[0].batch)}): mixed tenants")
+        return (f"{seen}. IncludeRequest must refuse a request whose tenant is not the batch's first one (compare "
+                "the whole text with strcmp; no tenant is tenant \"\")" + _mix_evidence(other, let_in))
+    if kept_out:
+        named = [o for o in same if o.tenant]
+        shared = [o for o in same if not o.tenant and o.included]
+        clause = ""
+        if shared and named and not any(o.included for o in named):
+            clause = (f"; only tenant-less requests shared a batch ({len(shared)} joined one): request_tenant gives "
+                      "them all one \"\" literal, the same pointer, while each named request holds its own copy of "
+                      "its tenant's text")
+        return (f"IncludeRequest refused {len(kept_out)} of the {len(same)} requests offered to a batch of their own "
+                f"tenant (e.g. {kept_out[0].request_id}, {_shown(kept_out[0].tenant)}, refused by a batch of "
+                f"{_shown(kept_out[0].batch)}){clause}: requests of one tenant must share a batch. Compare tenant "
+                "names with strcmp, not their pointers: two requests of one tenant never share a pointer")
+    unseen = missing(offers)
+    if unseen:
+        return (f"the checker could not judge: in {LOGGED_TRIES} bursts it never saw {unseen[0]} (on a very busy "
+                "machine requests reach the queue one by one): run the check again")
+    return ""
+
+
+def _mix_evidence(other: list[Offer], let_in: list[Offer]) -> str:
+    """What the logged decisions show about a mixing comparison, or ``""`` when they single out no cause."""
+    if not let_in:
+        return ""
+    if all(o.included for o in other) and any(not o.tenant.startswith(o.batch) for o in other):
+        return (f"; it refused none of the {len(other)} requests of another tenant offered to a batch, so it did not "
+                "compare tenants at all")
+    prefix = all(o.tenant.startswith(o.batch) for o in let_in)
+    refused_unlike = [o for o in other if not o.included and not o.tenant.startswith(o.batch)]
+    if prefix and refused_unlike:
+        o = let_in[0]
+        return (f"; every tenant it let in begins with the batch's ({_shown(o.tenant)} into a batch of "
+                f"{_shown(o.batch)}) and it refused those that do not ({len(refused_unlike)}): that is a comparison of "
+                "only as many characters as the batch's tenant has (strncmp with its strlen)")
+    return ""
+
+
+def _shown(tenant: str) -> str:
+    return "(no tenant)" if tenant == "" else repr(tenant)
+
+
+def _traced_burst(own: Any, config: Any) -> tuple[str, pd.DataFrame]:
+    """One burst of :data:`RUNS` on the plain build: answered, alive, and every batch from the trace.
+
+    Run before the logged build because a strategy that refuses a batch's first request makes the
+    batcher spin, and the call log would then write a line per spin. Returns the first mixed batch
+    described (``""``: none) and the batch table.
+    """
+    try:
+        own.load_model(MODEL, config=config)
+    except ModelLoadError as exc:
+        raise ExerciseError(f"scheduler_probe did not load with your strategy: {exc.reason}") from exc
     who = tenants()
-    for attempt in range(BURST_TRIES):
-        prefix = f"tenant{attempt}"
+    prefix = "tenant"
+    inputs = [{"INPUT0": np.full((1, 4), i, np.float32)} for i in range(len(who))]
+    params = [{"tenant": t} if t is not None else None for t in who]
+    answers = batch_strategy.tagged_burst(own, MODEL, inputs, params, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S)
+    _all_answered(own, answers, who)
+    table = batch_strategy.batch_table(own, MODEL, answers)
+    of = {f"{prefix}-{i}": ("(none)" if t is None else t) for i, t in enumerate(who)}
+    mixed = ""
+    for row in table.itertuples():
+        counts = pd.Series([of[rid] for rid in row.request_ids]).value_counts()
+        if len(counts) > 1:
+            mixed = (f"a batch of {row.size} requests mixed tenants {dict(counts)} (requests "
+                     f"{', '.join(row.request_ids[:6])})")
+            break
+    _unload(own)
+    return mixed, table
+
+
+def _logged_offers(own: Any, config: Any) -> list[Offer]:
+    """Bursts of :data:`LOGGED_RUNS` on the call-logging build until the offers show all that :func:`missing`
+    asks for (at most :data:`LOGGED_TRIES` bursts); every offer the strategy answered.
+
+    Each batch takes :data:`LOGGED_MS` and the requests leave :data:`LOGGED_GAP_S` apart, so runs of one
+    tenant wait in the queue together, in order. The evidence is what the strategy itself answered for
+    each request it was offered, not which requests happened to meet (measured in 24 checks of correct
+    answers over four audits, one beside two busy loops: 5 to 7 offers of a named tenant to its own
+    batch and 3 or 4 of other tenants, every kind :func:`missing` asks for seen each time).
+    """
+    start = len(own.log_text())
+    try:
+        own.load_model(MODEL, config=config)
+    except ModelLoadError as exc:
+        raise ExerciseError(f"scheduler_probe did not load with your strategy: {exc.reason}") from exc
+    who = [tenant for tenant, count in LOGGED_RUNS for _ in range(count)]
+    tenant_of: dict[str, str] = {}
+    offers: list[Offer] = []
+    for attempt in range(LOGGED_TRIES):
+        prefix = f"logged{attempt}"
         inputs = [{"INPUT0": np.full((1, 4), i, np.float32)} for i in range(len(who))]
         params = [{"tenant": t} if t is not None else None for t in who]
-        answers = batch_strategy.tagged_burst(own, MODEL, inputs, params, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S)
+        answers = batch_strategy.tagged_burst(own, MODEL, inputs, params, prefix=prefix, timeout_s=ANSWER_TIMEOUT_S,
+                                              gap_s=LOGGED_GAP_S)
         _all_answered(own, answers, who)
-        table = batch_strategy.batch_table(own, MODEL, answers)
-        of = {f"{prefix}-{i}": ("(none)" if t is None else t) for i, t in enumerate(who)}
-        for row in table.itertuples():
-            mixed = pd.Series([of[rid] for rid in row.request_ids]).value_counts()
-            if len(mixed) > 1:
-                raise ExerciseError(
-                    f"a batch of {row.size} requests mixed tenants {dict(mixed)} (requests "
-                    f"{', '.join(row.request_ids[:6])}): IncludeRequest must refuse a request whose tenant is not "
-                    "the batch's first one (compare the whole text with strcmp; no tenant is tenant \"\")"
-                    + prefix_hint(list(mixed.index)))
-        batches, requests = batches + len(table), requests + len(answers)
-        largest = max(largest, int(table["size"].max()))
-        if largest > 1:
-            return batches, requests, largest
-    raise ExerciseError(
-        f"after {BURST_TRIES} bursts of {len(who)} requests (runs of 2 to 5 of one tenant) every batch held one "
-        "request: requests of the same tenant must share a batch. Compare the tenants' text (strcmp), not "
-        "their pointers, and keep including while the tenant matches")
+        tenant_of.update({f"{prefix}-{i}": t or "" for i, t in enumerate(who)})
+        # Every answered request was offered before it ran: its line is in the log by now.
+        offers, _ = offers_in(own.log_text()[start:], tenant_of)
+        if not missing(offers):
+            break
+    _unload(own)
+    offers, _ = offers_in(own.log_text()[start:], tenant_of)
+    return offers
 
 
-def prefix_hint(mixed: list[str]) -> str:
-    """When one tenant of a mixed batch begins every other one ('red' and 'redwood'; no tenant, "", begins
-    all): what a comparison of only the first tenant's length would let in. Which tenant opens a batch
-    depends on arrival order, so the same fault shows as 'red' + 'redwood' in one run, "" + 'blue' in another."""
-    names = ["" if t == "(none)" else t for t in mixed]
-    short = min(names, key=len)
-    if not all(n.startswith(short) for n in names):
-        return ""
-    shown = "(no tenant)" if short == "" else repr(short)
-    return (f"; {shown} is a prefix of the others: a comparison of only as many characters as the batch's "
-            "tenant has (strncmp with its strlen) lets them in")
+def missing(offers: list[Offer]) -> list[str]:
+    """What the logged offers do not show yet: a named tenant's request offered to a batch of its own, a request
+    offered to a tenant-less batch, one whose tenant extends the batch's ('redwood' to 'red')."""
+    wanted = {"a request offered to a batch of its own named tenant": lambda o: o.same and o.tenant,
+              "a request offered to a batch of no tenant": lambda o: not o.same and not o.batch,
+              "a request offered to a batch whose tenant begins its own": lambda o: (
+                  not o.same and o.batch and o.tenant.startswith(o.batch))}
+    return [name for name, test in wanted.items() if not any(test(o) for o in offers)]
+
+
+def _unload(own: Any, timeout_s: float = 30.0) -> None:
+    """Unload the model and wait until Triton says it is gone (core ``model_lifecycle.cc`` L624 at r24.10):
+    a load of the same model while the old instances were still going down once hung for good
+    (:func:`~lab_backends.lessons.strategy_calls.counted`)."""
+    start = len(own.log_text())
+    own.unload_model(MODEL)
+    done = f"successfully unloaded '{MODEL}'"
+    poll(lambda: own.log_text()[start:], lambda t: done in t or crash.crashed(own) is not None, timeout_s)
+    _still_alive(own, "when the model was unloaded (ModelBatchFinalize, ModelBatcherFinalize)")
+
+
+#: Triton's handler of a fatal signal (server src/triton_signal.cc at r24.10), and glibc's words on a bad free().
+_SIGNAL = re.compile(r"^Signal \(\d+\) received\.", re.M)
+_BAD_FREE = re.compile(r"^(?:free\(\)|munmap_chunk\(\)|double free)[^\n]*", re.M)
 
 
 def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> None:
@@ -162,6 +365,18 @@ def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> Non
             f"tritonserver died while your strategy formed batches ({cause}): a strategy runs inside the "
             "server, so a bad pointer kills it. Check every pointer before use, e.g. a request without a "
             "'tenant' parameter (request_tenant gives \"\" then) or a NULL batch")
+    log = own.log_text()
+    if _SIGNAL.search(log):  # dying, or stuck in Triton's signal handler after a heap error (it can hang there)
+        freed = _BAD_FREE.search(log)
+        if freed:
+            raise ExerciseError(
+                f"tritonserver died while your strategy formed batches (glibc: \"{freed.group(0)}\", then "
+                f"\"{_SIGNAL.search(log).group(0)}\"): free() was given a pointer your strategy did not allocate. Free "
+                "only your own copies: the request's tenant text belongs to the request, so copy it (strdup) to keep "
+                "it, and free the copy in ModelBatchFinalize")
+        raise ExerciseError(
+            f"tritonserver died while your strategy formed batches (\"{_SIGNAL.search(log).group(0)}\"): a strategy "
+            "runs inside the server, so a bad pointer kills it. Check every pointer before use")
     silent = answers[answers["error"].str.startswith("no answer")]
     if len(silent):
         first = who[int(silent.index[0])]
