@@ -1,6 +1,6 @@
 """The front door's request rules (lab_backends/server/door_rules.py), without a server: every crasher of
 Triton 2.51 is refused with a one-line reason, and a legitimate request of every model's shapes passes.
-Costs about a second."""
+Costs about three seconds (the property test: 300 bodies)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from lab_backends.paths import MODEL_REPOSITORY
@@ -182,3 +184,25 @@ def test_configs_without_inputs_get_the_data_checks_only():
     assert check_http("auto", model, b'{"inputs": [{"name": "X", "shape": [3], "datatype": "FP32", '
                                      b'"data": [1, 2, 3]}]}') is None
     _refused(check_http("auto", model, HUGE_SHAPE), 400, "data has 1")
+
+
+# Whatever arrives, the rules answer None or a Refusal: an exception would be the gateway's 500, not a refusal.
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=20)
+INPUT = st.fixed_dictionaries({"name": st.sampled_from(["INPUT0", "PIXELS", "X", 3]),
+                               "shape": st.lists(st.integers(-2, 1 << 64), max_size=3) | JSON,
+                               "datatype": st.sampled_from(["FP32", "BYTES", "UINT8", "nope"]) | JSON},
+                              optional={"data": JSON, "parameters": st.dictionaries(st.sampled_from(
+                                  ["binary_data_size", "shared_memory_region", "shared_memory_byte_size"]), JSON)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.one_of(st.binary(max_size=64), JSON.map(lambda v: json.dumps(v).encode()),
+                      st.lists(INPUT, max_size=3).map(lambda i: json.dumps({"inputs": i}).encode())),
+       model=st.sampled_from(["echo", "digits_onnx", "generate_static", "unknown"]),
+       header=st.none() | st.integers(-1, 80))
+def test_any_body_gets_none_or_a_refusal_never_an_exception(body, model, header):
+    answer = check_http(model, MODELS.get(model), body + b"\0" * 8, header)
+    assert answer is None or (answer.status in (400, 413) and answer.message.startswith(DOOR))
