@@ -237,6 +237,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
             return await call
         except grpc.aio.AioRpcError as exc:
             await self._abort_as(context, exc)
+        finally:
+            call.cancel()  # the client gave up (or it is done: then a no-op): so does the call to tritonserver
 
     async def stream(self, messages, context: grpc.aio.ServicerContext):
         refused: list[Refusal] = []
@@ -267,6 +269,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
         except grpc.aio.AioRpcError as exc:
             if not refused:
                 await self._abort_as(context, exc)
+        finally:
+            call.cancel()  # the client left: tritonserver's side of the stream ends too
         if refused:
             await context.abort(getattr(grpc.StatusCode, refused[0].grpc_code), refused[0].message)
 
