@@ -25,6 +25,7 @@ from lab_backends.charlm.build import RAW_PLACEMENTS
 from lab_backends.charlm.net import Weights, context_ids
 from lab_backends.charlm.raw import ORDER, from_bytes, to_bytes
 from lab_backends.client.infer import make_inputs
+from lab_backends.errors import ModelLoadError
 from lab_backends.lessons.continuous import late_arrival, served_as_computed, server_view
 from lab_backends.lessons.continuous_release import cancel_frees_slot, iterative_statistics
 from lab_backends.measure.generation import DEFAULT_PROMPT, ITERATIVE, Ask, GenerationRun, closed_loop, run_streams
@@ -211,3 +212,17 @@ def test_a_cancelled_generation_frees_its_slot_at_once(server) -> None:
     assert seen.admitted_while_held, seen.summary()
     assert seen.cancel_to_first_token_s < 2.5, seen.summary()  # half the reaper's 5 s
     assert all(seen.run[h].complete for h in seen.held) and seen.run[seen.waiting].complete, seen.run.requests()
+
+
+@pytest.mark.server
+def test_a_config_without_the_ready_control_is_refused_at_load(server) -> None:
+    """``direct`` fills empty slots with null requests whether or not READY is configured (core
+    sequence_batch_scheduler.cc L1745-1767; READY is optional, L637-644): without it a null request
+    cannot be told from a real one, so the backend refuses such a config at load, naming the fix.
+    Last in the file: the failed reload leaves the model as it was. ~1 s."""
+    config = read_config(MODEL_REPOSITORY / ITERATIVE_C)
+    del config.sequence_batching.control_input[:]
+    with pytest.raises(ModelLoadError) as caught:
+        server.load_model(ITERATIVE_C, config=config)
+    assert "needs a control input named READY" in caught.value.reason, caught.value.reason
+    assert "CONTROL_SEQUENCE_READY" in caught.value.reason, caught.value.reason

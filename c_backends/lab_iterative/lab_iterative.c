@@ -746,7 +746,10 @@ static void release(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request
    * (infer_request.cc:1445-1449), and since a rescheduled request keeps its original start
    * (server.cc:545 captures it once), each step's request duration runs from the request's start:
    * their sum grows with the square of the length. Notebook 08b reads these statistics. */
-  if (slot->kind != SKIPPED_NULL) { /* core ignores a null request's statistics (infer_request.cc:520, 1429) */
+  /* No report for a null request (core ignores its statistics: infer_request.cc:520, 1429), nor for a
+   * cancelled one: the core counts its failure when it answers it CANCELLED (infer_request.cc:1410-1421
+   * via sequence_batch_scheduler.cc:84-97); a report here would count it twice. */
+  if (slot->kind != SKIPPED_NULL && slot->kind != CANCELLED) {
     TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportStatistics(
         instance, request, slot->kind == ACTIVE && slot->ok, stamps[0], stamps[1], stamps[2], stamps[3]);
     if (err != NULL) TRITONSERVER_ErrorDelete(err);
