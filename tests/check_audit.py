@@ -23,6 +23,10 @@ from lab_backends.lessons.exercises.answers import MIN_ALTERNATIVES, MIN_WRONG, 
 from lab_backends.paths import NOTEBOOK_DIR, PROJECT_ROOT
 
 RECORD = Path(os.environ.get("LAB_AUDIT_RECORD", PROJECT_ROOT / "test-artifacts" / "audit.json"))
+#: A memory error, a crash or a hang in a C answer gets its verdict within this (issue 47), on either path.
+VERDICT_WITHIN_S = 60
+#: The refusals that name such a fault (lab_backends/lessons/native_faults.py and the checkers' deadlines).
+FAULT_NAMED = ("AddressSanitizer found", "tritonserver died", "tritonserver stopped answering", "no answer ")
 IN_PLACE = {"clip_backend": "clip.c", "one_tenant_per_batch": "tenant_batching.c",
             "tf_gather_scatter": "tf_gather_scatter.c"}
 
@@ -62,3 +66,16 @@ def test_a_c_answer_edited_in_place_is_judged_by_the_notebooks_own_cell(record, 
     wrong = [j for label, j in judged.items() if label.startswith("wrong")]
     assert wrong and all(j["outcome"] == "refused" and "written in place" in j["where"] for j in wrong)
     assert judged["skeleton"]["outcome"] == "not-attempted" and "as shipped" in judged["skeleton"]["where"]
+
+
+def test_a_c_answer_that_corrupts_memory_is_named_within_a_minute(record) -> None:
+    """The learner's 09c gather that copied a 5-row request into a 1-row batch hung its check for 20 minutes; now
+    every fault of a C answer is named (AddressSanitizer: kind, access, the learner's line) within a minute."""
+    faults = [(name, path, j) for name in IN_PLACE for path in ("direct", "as_taught") for j in record[name][path]
+              if j["label"].startswith("wrong") and any(word in j["message"] for word in FAULT_NAMED)]
+    named = " | ".join(j["label"] for name, _, j in faults if name == "tf_gather_scatter")
+    for mistake in ("assumes one row per request", "deletes the result tensor", "frees each response after sending"):
+        assert named.count(mistake) == 2, f"09c's '{mistake}' was not named as a memory fault on both paths: {named}"
+    slow = [(name, path, j["label"], j["seconds"]) for name, path, j in faults
+            if "seconds" not in j or j["seconds"] > VERDICT_WITHIN_S]
+    assert not slow, f"verdicts on memory errors later than {VERDICT_WITHIN_S} s (or not timed): {slow}"

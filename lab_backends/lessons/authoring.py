@@ -181,6 +181,7 @@ def send_together(
             model,
             make_inputs(inputs, "grpc"),
             callback=lambda result, error, i=index: results.put((i, result, error)),
+            client_timeout=timeout_s,  # each call ends by the deadline too, not only our wait for it
         )
     collected: dict[int, dict[str, Any] | Exception] = {}
     deadline = time.monotonic() + timeout_s

@@ -22,6 +22,10 @@ then does what a reviewer and a test server would:
    config says FP64, as ``c_scale_fp64`` does in the tests: Triton itself refuses a dtype that
    contradicts the config, so only a config that lets it through reaches the backend) gets the
    backend's error and the server keeps serving.
+
+The backend is built with AddressSanitizer and served with its runtime preloaded, and every request has
+a deadline: a write out of bounds, a double free or a hang is named with the line of the learner's file
+(:mod:`lab_backends.lessons.native_faults`), within seconds.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
-from lab_backends.lessons import c_source
+from lab_backends.lessons import c_source, native_faults
 from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.handout import handout, read_c_answer
-from lab_backends.server import cbackend
+from lab_backends.server import cbackend, sanitizer
 from lab_backends.server.repository import ModelConfig, config_text
 from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
@@ -51,6 +55,11 @@ HANDOUT = handout(NAME)
 #: The skeleton as shipped (the learner edits a copy: ``exercises/clip.c`` next to notebook 09).
 SKELETON = HANDOUT.shipped
 TODO_MARK = "TODO(exercise)"
+#: Every request's deadline: a clip.c that hangs or corrupts the server gets a verdict, not a wait for ever.
+DEADLINE_S = native_faults.REQUEST_DEADLINE_S
+#: What to look for when the backend crashed or corrupted the server (named by native_faults.named).
+FAULT_ADVICE = ("Look for a write past an output buffer (its size is the request's element count times 4 bytes), "
+                "a response used or deleted after ResponseSend, or a state freed twice")
 #: What the checker says while clip.c is the untouched skeleton.
 NOT_ATTEMPTED = (f"complete the four {TODO_MARK} places in exercises/clip.c, next to this notebook (the marks may "
                  "stay), save it, then run this cell again")
@@ -123,13 +132,15 @@ def check_clip_answer(answer: Any, server: Any = None) -> str:
         _write(repo, _config("clip_bad_bound", "low", f"{hi:g}"))
         _write(repo, _config("clip_no_hi", f"{lo:g}", None))
         _write(repo, _config("clip_swapped", f"{hi:g}", f"{lo:g}"))
-        with TritonServer(repo, models=[], backend_dir=backends, target="local") as own:
+        with (TritonServer(repo, models=[], backend_dir=backends, target="local", address_sanitizer=True) as own,
+              native_faults.named(own, path.name, FAULT_ADVICE)):
             _check_loads(own, lo, hi)
             x = (rng.standard_normal((3, 7)) * 3).astype(np.float32)
             want = _check_one_request(own, x, lo, hi)
             answered, failed, sizes = _check_bursts(own, rng, lo, hi, rows_so_far=len(x))
             _check_fp64_refused(own, x)
-            if not own.is_ready() or not np.array_equal(infer(own, "clip_main", {"INPUT0": x})["OUTPUT0"], want):
+            again = infer(own, "clip_main", {"INPUT0": x}, client_timeout=DEADLINE_S)["OUTPUT0"]
+            if not own.is_ready() or not np.array_equal(again, want):
                 raise ExerciseError("after the bad requests the server no longer serves clip_main correctly")
     return (
         f"clip.c built with -Werror and -z defs; lo={lo}, hi={hi} read from the config, bad bounds refused "
@@ -162,7 +173,7 @@ def _check_ownership(filename: str, source: str) -> None:
 
 def _build(path: Path, backends: Path) -> None:
     try:
-        cbackend.build(path, BACKEND, backends, extra_flags=("-Werror",))
+        cbackend.build(path, BACKEND, backends, extra_flags=("-Werror", *sanitizer.COMPILE_FLAGS))
     except BackendBuildError as exc:
         raise ExerciseError(f"your clip.c does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n{exc}") from exc
 
@@ -206,7 +217,7 @@ def _check_loads(own: Any, lo: float, hi: float) -> None:
 def _check_one_request(own: Any, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     want = np.clip(x, np.float32(lo), np.float32(hi))
     try:
-        got = infer(own, "clip_main", {"INPUT0": x})["OUTPUT0"]
+        got = infer(own, "clip_main", {"INPUT0": x}, client_timeout=DEADLINE_S)["OUTPUT0"]
     except InferenceServerException as exc:
         raise ExerciseError(f"a good request of shape [3, 7] failed: {exc.message()}") from exc
     if got.shape != x.shape or not np.array_equal(got, want):
@@ -292,7 +303,8 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float,
         for i in bad:
             rows[i][-1, 4] = np.nan
         good_rows = good_requests = 0
-        for i, reply in enumerate(send_together(own, "clip_main", [{"INPUT0": r} for r in rows])):
+        for i, reply in enumerate(send_together(own, "clip_main", [{"INPUT0": r} for r in rows],
+                                                   timeout_s=DEADLINE_S)):
             if _check_burst_reply(i, reply, rows[i], bad, lo, hi):
                 answered += 1
                 good_requests += 1
@@ -315,7 +327,7 @@ def _check_bursts(own: Any, rng: np.random.Generator, lo: float, hi: float,
 
 def _check_fp64_refused(own: Any, x: np.ndarray) -> None:
     try:
-        infer(own, "clip_fp64", {"INPUT0": x.astype(np.float64)})
+        infer(own, "clip_fp64", {"INPUT0": x.astype(np.float64)}, client_timeout=DEADLINE_S)
     except InferenceServerException as exc:
         if "FP32" not in exc.message():
             raise ExerciseError(

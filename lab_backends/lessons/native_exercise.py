@@ -20,7 +20,12 @@ does what a reviewer and a test server would, in the order a learner fixes thing
 5. many batches of 64 rows while the server's RSS is watched: a ``TF_Tensor`` (or a buffer) leaked
    per batch grows it by about the bytes gathered (:data:`LEAK_BOUND`, measured: see there).
 
-A crash of the server at any step is named as such, with the log's cause.
+The backend is built with AddressSanitizer and its server preloads the runtime
+(:mod:`lab_backends.server.sanitizer`): a write past the batch tensor, a use after free or a double
+free stops the server at the fault, and the verdict names it with the line of the learner's file
+(:mod:`lab_backends.lessons.native_faults`). Every request has a deadline (:data:`REQUEST_DEADLINE_S`),
+so a server that hangs (a heap glibc found corrupted, an Execute that never returns) gets a verdict too,
+and the ``with TritonServer`` block stops it by PID, SIGKILL after its exit timeout.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from lab_backends.digits import ARTIFACT_DIR, load_split, normalize
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.handout import handout, read_c_answer
+from lab_backends.lessons.native_faults import fault
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server import cbackend, crash, native_backends
+from lab_backends.server import cbackend, native_backends, sanitizer
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
 
@@ -63,6 +69,9 @@ TASK = (
     "batch, and watches the server's memory over many batches."
 )
 TOLERANCE = 1e-4
+#: Every request's deadline (gRPC ``client_timeout``): a request of 64 rows takes milliseconds, under
+#: AddressSanitizer too; a server that has not answered in this time never will (see native_faults).
+REQUEST_DEADLINE_S = 10.0
 #: A burst: requests of these many rows (1..8, neighbours always different), sent at once.
 BURST_ROWS = (3, 1, 8, 2, 5, 7, 4, 6, 1, 3, 8, 5, 2, 7, 6, 4, 2, 8, 1, 5, 3, 6, 4, 7)
 BURST_TRIES = 4
@@ -90,7 +99,7 @@ def read_answer(answer: Any) -> tuple[Path, str]:
 def build(source: Path, backend_dir: Path, name: str = BACKEND) -> Path:
     """``source`` built as lab_tensorflow is (its flags, its local headers, TensorFlow's C API)."""
     runtime = native_backends.tensorflow_runtime()
-    return cbackend.build(source, name, backend_dir, extra_flags=("-Werror",),
+    return cbackend.build(source, name, backend_dir, extra_flags=("-Werror", *sanitizer.COMPILE_FLAGS),
                           include_dirs=(cbackend.INCLUDE_DIR, native_backends.tensorflow_source().parent,
                                         runtime.include_dir),
                           link_flags=runtime.link_flags())
@@ -127,14 +136,15 @@ def check_gather_scatter(answer: Any, server: Any = None) -> str:
                                 f"{exc}") from exc
         write_models(repo, backends)
         with TritonServer(repo, models=[REFERENCE_MODEL], backend_dir=backends, target="local",
-                          exit_timeout_s=2) as own:
+                          exit_timeout_s=2, address_sanitizer=True) as own:
             try:
                 own.load_model(MODEL)
             except ModelLoadError as exc:
                 raise ExerciseError(f"the server could not load your backend: {exc.reason}") from exc
-            want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]})["LOGITS"]
+            want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]},
+                                         client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
                                    for i in range(0, len(pixels), 64)])
-            probe = Probe(own, pixels, want)
+            probe = Probe(own, pixels, want, path.name)
             probe.alone(0, 1)
             probe.alone(40, 5)
             mixed = probe.bursts()
@@ -147,24 +157,30 @@ def check_gather_scatter(answer: Any, server: Any = None) -> str:
 
 
 class Probe:
-    """The requests of one check, against the learner's model on ``own``; ``want``: the reference logits."""
+    """The requests of one check, against the learner's model on ``own``; ``want``: the reference logits;
+    ``source_name``: the learner's file name, which a memory error's report is searched for."""
 
-    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray) -> None:
-        self.own, self.pixels, self.want = own, pixels, want
+    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray, source_name: str = "") -> None:
+        self.own, self.pixels, self.want, self.source_name = own, pixels, want, source_name
 
-    def _died(self, when: str) -> None:
-        code = crash.crashed(self.own)
-        if code is None:
-            return
-        cause = crash.log_cause(self.own.log_text(), code) or crash.describe_exit(code)
-        raise ExerciseError(
-            f"tritonserver died {when} ({cause}): your backend runs inside the server. Look for a write past the "
-            "batch tensor (gather: offsets and sizes in bytes), a response used after ResponseSend, or a tensor "
-            "deleted twice (Execute deletes the batch and the result itself)")
+    def _died(self, when: str, failure: Any = None) -> None:
+        """Raise the verdict when the server faulted (see native_faults), or when ``failure`` (a request's
+        error) is a deadline that passed on a server that shows no fault: Execute never answered."""
+        found = fault(self.own, self.source_name)
+        if found is not None:
+            raise ExerciseError(
+                f"{found} {when}: your backend runs inside the server. Look for a write past the batch tensor "
+                "(gather: each request's rows x row bytes, at its offset), a response used after ResponseSend, or "
+                "a tensor deleted twice (Execute deletes the batch and the result itself)")
+        if failure is not None and ("DEADLINE_EXCEEDED" in str(failure) or isinstance(failure, TimeoutError)):
+            raise ExerciseError(
+                f"no answer {when} within {REQUEST_DEADLINE_S:.0f} s, and the server shows no crash: Execute never "
+                "returned or never sent a response. Every good request needs one ResponseSend, every request "
+                "one release, and Execute must return")
 
     def _compare(self, got: Any, start: int, rows: int, what: str, batched: bool) -> None:
         if isinstance(got, Exception):
-            self._died(f"during {what}")
+            self._died(f"during {what}", got)
             message = got.message() if isinstance(got, InferenceServerException) else str(got)
             raise ExerciseError(f"{what} failed: {message}. Every good request must be answered: gather each "
                                 "one's rows and scatter them back")
@@ -193,10 +209,19 @@ class Probe:
     def alone(self, start: int, rows: int) -> None:
         """One request, nothing else in flight: a batch of one request."""
         try:
-            got: Any = infer(self.own, MODEL, {"PIXELS": self.pixels[start:start + rows]})["LOGITS"]
+            got: Any = infer(self.own, MODEL, {"PIXELS": self.pixels[start:start + rows]},
+                             client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
         except InferenceServerException as exc:
             got = exc
         self._compare(got, start, rows, f"one request of {rows} row{'s' * (rows > 1)} alone", batched=False)
+
+    def _together(self, requests: list[dict[str, np.ndarray]], what: str) -> list[Any]:
+        """``send_together`` with every request's deadline; a burst that gets no answer is judged."""
+        try:
+            return send_together(self.own, MODEL, requests, timeout_s=REQUEST_DEADLINE_S)
+        except TimeoutError as exc:
+            self._died(f"during {what}", exc)
+            raise ExerciseError(str(exc)) from exc  # not reached: _died judges a timeout
 
     def _executions(self) -> int:
         return int(self.own.statistics(MODEL)["model_stats"][0]["execution_count"])
@@ -207,8 +232,8 @@ class Probe:
         for attempt in range(BURST_TRIES):
             starts = [(37 * (attempt * len(BURST_ROWS) + i)) % (len(self.pixels) - 8) for i in range(len(BURST_ROWS))]
             before = self._executions()
-            replies = send_together(self.own, MODEL, [{"PIXELS": self.pixels[s:s + n]}
-                                                      for s, n in zip(starts, BURST_ROWS)])
+            replies = self._together([{"PIXELS": self.pixels[s:s + n]} for s, n in zip(starts, BURST_ROWS)],
+                                     f"a burst of {len(BURST_ROWS)} requests")
             for i, (reply, s, n) in enumerate(zip(replies, starts, BURST_ROWS)):
                 got = reply if isinstance(reply, Exception) else reply["LOGITS"]
                 self._compare(got, s, n, f"request {i} of a burst of {len(BURST_ROWS)}", batched=True)
@@ -224,12 +249,13 @@ class Probe:
             requests = [self.pixels[10 * i:10 * i + 1 + i % 4] for i in range(BAD_BURST)]
             requests[BAD_INDEX] = np.zeros((2, 63), np.float32)
             before = self._executions()
-            replies = send_together(self.own, MODEL, [{"PIXELS": r} for r in requests])
+            replies = self._together([{"PIXELS": r} for r in requests], "a burst with a bad row")
             if not isinstance(replies[BAD_INDEX], Exception):
                 raise ExerciseError(
                     "a request of rows of 63 values (the model takes 64) was answered: gather must check each "
                     "request's row shape against in->row_shape and fail that request alone")
-            self._died("after a request with rows of 63 values")
+            self._died("after a request with rows of 63 values", next((r for r in replies if isinstance(r, Exception)
+                                                                       and "DEADLINE" in str(r)), None))
             for i, reply in enumerate(replies):
                 if i != BAD_INDEX and isinstance(reply, Exception):
                     message = reply.message() if isinstance(reply, InferenceServerException) else str(reply)
@@ -247,9 +273,9 @@ class Probe:
         batch = {"PIXELS": self.pixels[:LEAK_ROWS]}
         for _ in range(count):
             try:
-                infer(self.own, MODEL, batch)
+                infer(self.own, MODEL, batch, client_timeout=REQUEST_DEADLINE_S)
             except InferenceServerException as exc:
-                self._died("while batches of 64 rows were sent")
+                self._died("while batches of 64 rows were sent", exc)
                 raise ExerciseError(f"a request of 64 rows failed: {exc.message()}") from exc
 
     def leak(self) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from lab_backends.server import bundle as _bundle
 from lab_backends.server import free_quarantine as _free_quarantine
 from lab_backends.server import limits as _limits
 from lab_backends.server import runs as _runs
+from lab_backends.server import sanitizer as _sanitizer
 from lab_backends.server.logs import ServerLog
 from lab_backends.server.options import ServerOptions
 from lab_backends.server.processes import stop_group
@@ -104,12 +105,15 @@ class LocalTarget(Target):
     def _spawn(self, bundle: _bundle.Bundle, args: list[str]) -> None:
         """Start the server in its own process group, and the watchdog that stops it if we die."""
         assert self.log_path is not None
+        env = _bundle.server_environment(bundle)
+        # its frees held back a moment: Triton 2.51's trace release writes into a freed Trace; under
+        # AddressSanitizer its own quarantine does that, and its runtime must be the first preload
+        env = _sanitizer.environment(env) if self.options.address_sanitizer else _free_quarantine.preloaded(env)
         with open(self.log_path, "ab") as log:
             # soft fd limit = hard, dies with us (PR_SET_PDEATHSIG), and no preexec_fn: see server/limits.py
             self._process = _limits.spawn(
                 [str(bundle.binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                # its frees held back a moment: Triton 2.51's trace release writes into a freed Trace
-                env=_free_quarantine.preloaded(_bundle.server_environment(bundle)), cwd=self.run_dir,
+                env=env, cwd=self.run_dir,
                 start_new_session=True,  # its own process group: server + stubs stop together
             )
         grace_s = self.options.exit_timeout_s + 5

@@ -43,6 +43,9 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_s: int = 5
     extra_args: Sequence[str] = ()
+    #: Preload gcc's AddressSanitizer runtime, for a C backend built with it (the C exercises' checkers:
+    #: :mod:`lab_backends.server.sanitizer`); the free-quarantine preload then stays out.
+    address_sanitizer: bool = False
 
     def args(
         self,

@@ -11,6 +11,7 @@ from lab_backends.lessons.exercises.registry import load_solution
 REFERENCE = load_solution("clip_backend").read_text()
 _SOURCES = SourceVariants(REFERENCE, "clip")
 _file, _variant = _SOURCES.file, _SOURCES.variant
+LOOP = "    for (uint64_t k = 0; k < input.elements; ++k) out[k] = fminf(fmaxf(data[k], bounds->lo), bounds->hi);"
 
 SEND_FAILED = ('LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: send failed: %s", BACKEND, TRITONSERVER_ErrorMessage(err));\n'
                '      TRITONSERVER_ErrorDelete(err);\n      continue;')
@@ -34,6 +35,14 @@ WRONG = [
     Wrong("clamps only from below",
           _variant("half_clamp", ("fminf(fmaxf(data[k], bounds->lo), bounds->hi)", "fmaxf(data[k], bounds->lo)")),
           r"came back as"),
+    # Memory errors a learner writes (issue 47), named by AddressSanitizer with the line of the file.
+    Wrong("asks for an output buffer of one row and writes every row into it",
+          _variant("one_row_buffer", ("(void**)&out, input.byte_size, &mem", "(void**)&out, input.byte_size / "
+                                      "(uint64_t)input.shape[0], &mem")),
+          r"AddressSanitizer found a heap-buffer-overflow \(WRITE of size 4.*\) in [\w_]+\(\) at [\w.-]+\.c:\d+"),
+    Wrong("frees the copy of the input before clamping it",
+          _variant("freed_before_use", (LOOP, "    free(data);\n" + LOOP), ("  }\n  free(data);\n", "  }\n")),
+          r"AddressSanitizer found a heap-use-after-free \(READ of size 4.*\) in [\w_]+\(\) at [\w.-]+\.c:\d+"),
     Wrong("an unused variable (a warning, so -Werror fails the build)",
           _variant("warning", ("uint64_t batch_size = 0;", "uint64_t batch_size = 0;\n  int unused = 0;")),
           r"does not build.*unused variable"),

@@ -23,6 +23,14 @@ SKIP_BAD = """    if (err != NULL) {
     }
     /* A dim the model leaves open"""
 
+SCATTER_END = """      s->ok = false;
+    }
+  }
+}
+"""
+SEND = """    err = TRITONBACKEND_ResponseSend(s->response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL);
+    s->response = NULL;"""
+
 #: Copies only the first row of a request (its first buffer), as if every request carried one row.
 FIRST_ROW = """/* The request's row, from its first buffer. */
 static TRITONSERVER_Error* first_row(const LabInput* input, char* dst, uint64_t row_bytes) {
@@ -68,6 +76,24 @@ WRONG = [
     Wrong("gives up the whole batch when one request's rows do not fit",
           _variant("fails_batch", (SKIP_BAD, SKIP_BAD.replace("      continue;", "      return NULL;"))),
           r"failed although its rows were fine.*must not fail its batch"),
+    # A learner's own (issue 47): one row per request at the request's index, the whole input still copied: the
+    # 5-row request writes 1280 bytes into a 256-byte batch. Without AddressSanitizer glibc later found the heap
+    # corrupted, the server's signal handler hung and the check waited for ever.
+    Wrong("assumes one row per request: offset = request index, the whole input still copied past the batch",
+          _variant("one_row_per_request", ("    s->rows = (uint64_t)s->input.shape[0];\n    s->offset = *total;\n"
+                                           "    *total += s->rows;",
+                                           "    s->rows = 1;\n    s->offset = i;\n    *total += 1;")),
+          r"AddressSanitizer found a heap-buffer-overflow \(WRITE of size 1280.*256-byte block\) in gather\(\) "
+          r"at [\w.-]+\.c:\d+"),
+    Wrong("deletes the result tensor at the end of scatter, which Execute deletes too",
+          _variant("result_deleted_twice",
+                   (SCATTER_END, SCATTER_END[:-2] + "  TF_DeleteTensor((TF_Tensor*)result);\n}\n")),
+          r"AddressSanitizer found a .* in TRITONBACKEND_ModelInstanceExecute\(\) at [\w.-]+\.c:\d+.*deleted twice"),
+    Wrong("frees each response after sending it, as if it were still the backend's",
+          _variant("response_deleted_after_send", (SEND, SEND.replace("    s->response = NULL;",
+                                                                     "    TRITONBACKEND_ResponseDelete(s->response);\n"
+                                                                     "    s->response = NULL;"))),
+          r"AddressSanitizer found a double-free .* in scatter\(\) at [\w.-]+\.c:\d+"),
     Wrong("an unused variable (a warning, so -Werror fails the build)",
           _variant("warning", ("  int64_t row[TF_MAX_DIMS];\n  bool shape_fixed = false;",
                                "  int64_t row[TF_MAX_DIMS];\n  int unused = 0;\n  bool shape_fixed = false;")),

@@ -99,6 +99,8 @@ class Judged:
     where: str = ""
     #: What the server said when it crashed under an earlier try of this answer ("" when judged once).
     again: str = ""
+    #: Seconds from putting the answer in to the verdict (the last try's, when a crash made it try again).
+    seconds: float = 0.0
 
 
 #: Tries at one answer when the server under it crashed: a crash of Triton 2.51 (docs/reliability.md) is no

@@ -40,7 +40,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,12 @@ def _verdict(name: str, printed: str) -> tuple[str, str]:
 
 def judge_one(cell: CheckCell, answer: Answer, workdir: Path, server: RunningServer | None) -> Judged:
     """Put ``answer`` where the notebook says, run the check cell in a fresh namespace, read its verdict."""
+    started = time.monotonic()
+    judged = _judge_one(cell, answer, workdir, server)
+    return replace(judged, seconds=round(time.monotonic() - started, 1))
+
+
+def _judge_one(cell: CheckCell, answer: Answer, workdir: Path, server: RunningServer | None) -> Judged:
     name = answer.exercise
     tree = _parse(cell.source)
     assert tree is not None  # check_call parsed it

@@ -36,7 +36,7 @@ import io
 import multiprocessing
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -124,6 +124,12 @@ def tally(name: str, answers: list[Answer], judged: list[Judged], path: str = ""
 
 def _directly(name: str, answer: Answer, server: Any) -> Judged:
     """``check(name, answer)`` called from here: the path every audit took before the as-taught one."""
+    started = time.monotonic()
+    judged = _judge_directly(name, answer, server)
+    return replace(judged, seconds=round(time.monotonic() - started, 1))
+
+
+def _judge_directly(name: str, answer: Answer, server: Any) -> Judged:
     try:
         result = check(name, answer.value, server, quiet=True)
     except Exception as exc:  # noqa: BLE001 - a crash is a finding, reported with its type
