@@ -34,8 +34,9 @@ read: the key is what guards it).
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -110,6 +111,29 @@ class DoorSettings:
     @property
     def error_log(self) -> Path:
         return self.workdir / "error.log"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What the validating gateway (door_gateway.py, a process of its own) needs: where tritonserver
+    listens, which repositories it serves, the bounds."""
+
+    triton_http_port: int
+    triton_grpc_port: int
+    repositories: tuple[str, ...]
+    message_limit: int          #: bytes of one HTTP body (decompressed) or one gRPC message
+    stream_limit: int           #: bytes of one gRPC stream, all its messages together
+    ready_file: str             #: written with {"http_port", "grpc_port", "pid"} once both listen
+    host: str = "127.0.0.1"
+    triton_down: str = TRITON_DOWN  #: the answer while tritonserver is down (nginx gives the same)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps({**asdict(self), "repositories": list(self.repositories)}))
+
+    @classmethod
+    def read(cls, path: Path) -> "GatewaySettings":
+        data = json.loads(path.read_text())
+        return cls(**{**data, "repositories": tuple(data["repositories"])})
 
 
 def body_limit(configs: Iterable[object]) -> int:

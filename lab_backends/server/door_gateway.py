@@ -37,7 +37,6 @@ import sys
 import time
 import urllib.parse
 import zlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
@@ -46,6 +45,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from lab_backends.server.door_config import GatewaySettings
 from lab_backends.server.door_rules import DOOR, ModelRules, Refusal, check_grpc, check_http, parse_json
 from lab_backends.server.repository import model_dirs, read_config
 
@@ -58,28 +58,6 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "
 REQUEST_DROPS = HOP_BY_HOP | {"content-encoding"}
 #: Until when a model missing from the book is looked for again (a repository may gain a folder).
 RESCAN_S = 1.0
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    """What the gateway needs: where tritonserver listens, which repositories it serves, the bounds."""
-
-    triton_http_port: int
-    triton_grpc_port: int
-    repositories: tuple[str, ...]
-    message_limit: int          #: bytes of one HTTP body (decompressed) or one gRPC message
-    stream_limit: int           #: bytes of one gRPC stream, all its messages together
-    ready_file: str             #: written with {"http_port", "grpc_port", "pid"} once both listen
-    host: str = "127.0.0.1"
-    triton_down: str = "tritonserver is restarting"
-
-    def write(self, path: Path) -> None:
-        path.write_text(json.dumps({**asdict(self), "repositories": list(self.repositories)}))
-
-    @classmethod
-    def read(cls, path: Path) -> "GatewaySettings":
-        data = json.loads(path.read_text())
-        return cls(**{**data, "repositories": tuple(data["repositories"])})
 
 
 class ModelBook:

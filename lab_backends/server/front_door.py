@@ -32,8 +32,7 @@ from pathlib import Path
 
 from lab_backends.errors import FrontDoorError
 from lab_backends.server.admin import write_private
-from lab_backends.server.door_config import TRITON_DOWN, DoorSettings, FairShare, body_limit, render
-from lab_backends.server.door_gateway import GatewaySettings
+from lab_backends.server.door_config import DoorSettings, FairShare, GatewaySettings, body_limit, render
 from lab_backends.server.netns import PublicPorts
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
@@ -101,7 +100,7 @@ def gateway_settings(server: TritonServer, workdir: Path, limit: int) -> Gateway
     return GatewaySettings(
         triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
         repositories=tuple(str(r) for r in server.options.model_repositories), message_limit=limit,
-        stream_limit=STREAM_MESSAGES * limit, ready_file=str(workdir / "gateway.ready"), triton_down=TRITON_DOWN)
+        stream_limit=STREAM_MESSAGES * limit, ready_file=str(workdir / "gateway.ready"))
 
 
 def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
@@ -178,6 +177,7 @@ class FrontDoor:
         command = [nginx, "-p", str(s.workdir), "-c", str(self.config_path), "-e", str(s.error_log)]
         check = subprocess.run([*command, "-t", "-q"], capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
+            self.stop()  # the gateway, started already
             raise FrontDoorError(f"nginx refused the front door's config ({self.config_path}): "
                                  f"{(check.stderr or check.stdout).strip()[-500:]}")
         fds = [sock.fileno() for sock in self.ports.sockets]
