@@ -31,10 +31,11 @@ from lab_backends.lessons.continuous_release import cancel_frees_slot, iterative
 from lab_backends.measure.generation import DEFAULT_PROMPT, ITERATIVE, Ask, GenerationRun, closed_loop, run_streams
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend
-from lab_backends.server.repository import read_config
+from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
 
 ITERATIVE_C = "generate_iterative_c"
+NO_READY = "generate_iterative_c_no_ready"  # its config without the READY control input
 SOURCE = cbackend.C_BACKENDS_DIR / "lab_iterative" / "lab_iterative.c"
 #: Prompts and lengths: a line of the Zen, a fragment, characters the model never saw (non-ASCII
 #: included: the backend counts UTF-8 characters as Python does), nothing at all.
@@ -90,8 +91,15 @@ def server(tmp_path_factory):
     build_charlm()  # set-up did both; cheap when fresh
     if cbackend.is_stale("lab_iterative", SOURCE):
         cbackend.build(SOURCE, "lab_iterative")
-    with TritonServer(models=[ITERATIVE, ITERATIVE_C], target="local", startup_timeout_s=180,
-                      trace_file=tmp_path_factory.mktemp("trace") / "trace.json", trace_log_frequency=1) as srv:
+    variants = tmp_path_factory.mktemp("variants")  # NO_READY: loaded by its test only
+    config = read_config(MODEL_REPOSITORY / ITERATIVE_C)
+    config.name = NO_READY
+    del config.sequence_batching.control_input[:]
+    (variants / NO_READY / "1").mkdir(parents=True)
+    (variants / NO_READY / "config.pbtxt").write_text(config_text(config))
+    with TritonServer([MODEL_REPOSITORY, variants], models=[ITERATIVE, ITERATIVE_C], target="local",
+                      startup_timeout_s=180, trace_file=tmp_path_factory.mktemp("trace") / "trace.json",
+                      trace_log_frequency=1) as srv:
         yield srv
 
 
@@ -219,10 +227,9 @@ def test_a_config_without_the_ready_control_is_refused_at_load(server) -> None:
     """``direct`` fills empty slots with null requests whether or not READY is configured (core
     sequence_batch_scheduler.cc L1745-1767; READY is optional, L637-644): without it a null request
     cannot be told from a real one, so the backend refuses such a config at load, naming the fix.
-    Last in the file: the failed reload leaves the model as it was. ~1 s."""
-    config = read_config(MODEL_REPOSITORY / ITERATIVE_C)
-    del config.sequence_batching.control_input[:]
+    A model of its own (a failed RE-load of generate_iterative_c, with a config override, left a
+    model live that kept the server's shutdown waiting its full 5 s exit timeout). ~0.5 s."""
     with pytest.raises(ModelLoadError) as caught:
-        server.load_model(ITERATIVE_C, config=config)
+        server.load_model(NO_READY)
     assert "needs a control input named READY" in caught.value.reason, caught.value.reason
     assert "CONTROL_SEQUENCE_READY" in caught.value.reason, caught.value.reason
