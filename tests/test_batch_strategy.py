@@ -22,8 +22,8 @@ import pytest
 
 from lab_backends.errors import BackendBuildError, MeasuredClaimError
 from lab_backends.lessons import batch_strategy, strategy_calls
-from lab_backends.lessons.exercises.batch_strategy import Offer, judge, missing, offers_in
 from lab_backends.lessons.exercises.registry import load_solution
+from lab_backends.lessons.exercises.tenant_offers import Offer, judge, missing, offers_in
 from lab_backends.notebook import measure_rounds
 from lab_backends.server import cbackend
 from lab_backends.server.bundle import find_bundle
