@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -192,6 +195,40 @@ def test_a_huge_stream_message_is_refused_before_tritonserver_holds_it(door):
     chunk = np.zeros(1 << 20, np.float32).tobytes()
     answers, error = _stream(door, [_raw_request([1 << 20], chunk)])
     assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not answers, error
+
+
+#: What an unprivileged local user (``nobody``: any learner, any web page's POST) sends: the three HTTP crashers.
+#: Prints each answer's status.
+AS_NOBODY = """
+import json, sys, urllib.error, urllib.request
+door = sys.argv[1]
+header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [4611686018427387905], "datatype": "FP32",
+                                 "parameters": {"binary_data_size": 4}}]}).encode()
+sends = [(b'{"inputs":' + b"[" * 200_000, {"Content-Type": "text/plain"}),
+         (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1099511627776], "datatype": "FP32", "data": [1.0]}]})
+          .encode(), {"Content-Type": "application/json"}),
+         (header + bytes(4), {"Inference-Header-Content-Length": str(len(header))})]
+answers = []
+for body, headers in sends:
+    try:
+        answers.append(urllib.request.urlopen(urllib.request.Request(f"http://{door}/v2/models/echo/infer", body,
+                                                                     headers), timeout=60).status)
+    except urllib.error.HTTPError as exc:
+        answers.append(exc.code)
+print(",".join(map(str, answers)))
+"""
+
+
+def test_an_unprivileged_local_user_cannot_crash_tritonserver_through_the_door(door):
+    """The crashers from another user's process (``nobody``), as a learner of a class would send them (~1 s)."""
+    if os.geteuid() != 0:
+        pytest.skip("running the probe as another user needs root")
+    pid = door.pid
+    done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", sys.executable,
+                           "-c", AS_NOBODY, door.http], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["400,413,413"], done.stdout
+    _lived(door, pid)
 
 
 def test_after_a_crash_the_gateway_reaches_the_restarted_tritonserver(door):
