@@ -13,17 +13,8 @@ from tritonclient.grpc import model_config_pb2
 from lab_backends.errors import FrontDoorError
 from lab_backends.learner import new_secret, token_for
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server.door_config import (
-    GRPC_RESTRICTED,
-    HTTP_RESTRICTED,
-    JSON_BYTES_PER_ELEMENT,
-    MIN_BODY,
-    VARIABLE_DIM,
-    DoorSettings,
-    FairShare,
-    body_limit,
-    render,
-)
+from lab_backends.server.door_config import GRPC_RESTRICTED, HTTP_RESTRICTED, DoorSettings, FairShare, render
+from lab_backends.server.door_limits import JSON_BYTES_PER_ELEMENT, MIN_BODY, VARIABLE_DIM, body_limit
 from lab_backends.server.front_door import nginx_binary
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.repository import read_config

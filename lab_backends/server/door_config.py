@@ -9,8 +9,9 @@ r24.10 (server ``src/http_server.cc``, ``src/grpc/grpc_server.cc``):
   ``tests/reliability/test_crashes.py``; 3 MiB was answered). Smaller ones pass: curl's ``--data``
   sends this type by default, and Triton reads such a body as the JSON it is. A form-encoded body
   of unknown length (chunked) is refused, as its size cannot be told before it is read.
-- **any body over a limit sized to the served models -> 413** (:func:`body_limit`); the gRPC
-  stream (``ModelStreamInfer``) has no limit, nginx counts a stream's messages as one body.
+- **any body over a limit sized to the served models -> 413**
+  (:func:`~lab_backends.server.door_limits.body_limit`); the gRPC stream (``ModelStreamInfer``) has no
+  limit, nginx counts a stream's messages as one body.
 - **the admin key at the door**: the restricted HTTP paths are those Triton's handlers check
   (``http_server.cc`` L1137-L1146 and the dispatch at L4600-L4690), the gRPC methods those whose
   ``CallData`` reads ``restricted_keys_`` (``grpc_server.cc`` L1135-L2236). Without the key (or with
@@ -38,12 +39,11 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
-
-from tritonclient.grpc import model_config_pb2
+from typing import Sequence
 
 from lab_backends.errors import FrontDoorError
 from lab_backends.notebook import RESTARTING
+from lab_backends.server.door_limits import MIN_BODY
 from lab_backends.server.door_share import FairShare, learners_lines, location_limits, too_many
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
 
@@ -70,16 +70,6 @@ GRPC_SERVICE = "inference.GRPCInferenceService"
 TRITON_DOWN = f"tritonserver is {RESTARTING} (restarting after a crash?): try again in a few seconds"
 #: A name in a path: one folder, at most 255 bytes (a file name's limit on Linux).
 MAX_NAME = 255
-#: Bytes per tensor element in a JSON request at worst (a float written out with its separator).
-JSON_BYTES_PER_ELEMENT = 24
-#: Elements assumed for a variable dimension (-1) when sizing the body limit.
-VARIABLE_DIM = 4096
-#: The body limit never goes below this (metadata, shared-memory registrations, small models).
-MIN_BODY = 1 << 20
-_DTYPE_BYTES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2,
-                "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8, "STRING": 256}
-
-
 @dataclass(frozen=True)
 class DoorSettings:
     """Where the door listens, where tritonserver listens behind it, and what it lets through."""
@@ -134,30 +124,6 @@ class GatewaySettings:
     def read(cls, path: Path) -> "GatewaySettings":
         data = json.loads(path.read_text())
         return cls(**{**data, "repositories": tuple(data["repositories"])})
-
-
-def body_limit(configs: Iterable[object]) -> int:
-    """The largest JSON request any served model can take at its max batch, and at least 1 MiB.
-
-    ``configs`` are ``ModelConfig`` protobufs. A JSON body is the biggest encoding of a tensor
-    (:data:`JSON_BYTES_PER_ELEMENT` a number), so binary and shared-memory requests fit too.
-    """
-    largest = 0
-    for config in configs:
-        batch = max(1, getattr(config, "max_batch_size", 0))
-        size = 0
-        for tensor in config.input:
-            elements = batch
-            for dim in tensor.dims:
-                elements *= VARIABLE_DIM if dim < 0 else max(1, dim)
-            dtype = re.sub(r"^TYPE_", "", _dtype_name(tensor.data_type))
-            size += elements * max(JSON_BYTES_PER_ELEMENT, _DTYPE_BYTES.get(dtype, 8))
-        largest = max(largest, size)
-    return max(MIN_BODY, largest)
-
-
-def _dtype_name(value: int) -> str:
-    return model_config_pb2.DataType.Name(value)  # the config protobuf's enum names the type
 
 
 def render(settings: DoorSettings) -> str:

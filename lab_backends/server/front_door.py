@@ -32,7 +32,8 @@ from pathlib import Path
 
 from lab_backends.errors import FrontDoorError
 from lab_backends.server.admin import write_private
-from lab_backends.server.door_config import DoorSettings, FairShare, GatewaySettings, body_limit, render
+from lab_backends.server.door_config import DoorSettings, FairShare, GatewaySettings, render
+from lab_backends.server.door_limits import body_limit
 from lab_backends.server.netns import PublicPorts
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
