@@ -68,14 +68,25 @@ def test_a_c_answer_edited_in_place_is_judged_by_the_notebooks_own_cell(record, 
     assert judged["skeleton"]["outcome"] == "not-attempted" and "as shipped" in judged["skeleton"]["where"]
 
 
-def test_a_c_answer_that_corrupts_memory_is_named_within_a_minute(record) -> None:
+#: Each C exercise's memory-error mistakes (words of their labels) that must be named as a fault on both paths.
+MEMORY_MISTAKES = {
+    "tf_gather_scatter": ("assumes one row per request", "deletes the result tensor",
+                          "frees each response after sending"),
+    "clip_backend": ("writes every row into it", "frees the copy of the input before clamping it"),
+    "one_tenant_per_batch": ("copies the tenant into malloc(strlen(tenant)) bytes",
+                             "keeps the request's pointer and frees it"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_a_c_answer_that_corrupts_memory_is_named_within_a_minute(record, name) -> None:
     """The learner's 09c gather that copied a 5-row request into a 1-row batch hung its check for 20 minutes; now
     every fault of a C answer is named (AddressSanitizer: kind, access, the learner's line) within a minute."""
-    faults = [(name, path, j) for name in IN_PLACE for path in ("direct", "as_taught") for j in record[name][path]
+    faults = [(path, j) for path in ("direct", "as_taught") for j in record[name][path]
               if j["label"].startswith("wrong") and any(word in j["message"] for word in FAULT_NAMED)]
-    named = " | ".join(j["label"] for name, _, j in faults if name == "tf_gather_scatter")
-    for mistake in ("assumes one row per request", "deletes the result tensor", "frees each response after sending"):
-        assert named.count(mistake) == 2, f"09c's '{mistake}' was not named as a memory fault on both paths: {named}"
-    slow = [(name, path, j["label"], j["seconds"]) for name, path, j in faults
+    named = " | ".join(j["label"] for _, j in faults)
+    for mistake in MEMORY_MISTAKES[name]:
+        assert named.count(mistake) == 2, f"{name}'s '{mistake}' was not named as a memory fault on both paths: {named}"
+    slow = [(path, j["label"], j["seconds"]) for path, j in faults
             if "seconds" not in j or j["seconds"] > VERDICT_WITHIN_S]
-    assert not slow, f"verdicts on memory errors later than {VERDICT_WITHIN_S} s (or not timed): {slow}"
+    assert not slow, f"{name}: verdicts on memory errors later than {VERDICT_WITHIN_S} s (or not timed): {slow}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from lab_backends.errors import MeasuredClaimError
 from lab_backends.lessons import batch_strategy
@@ -40,11 +40,13 @@ _LINE = re.compile(r"batch call log: (\w+) (?:\S+=\S+ -> )?(?:\w+=)?(\S+)")
 T = TypeVar("T")
 
 
-def build(strategy_dir: str | Path, wrapped: str | Path = batch_strategy.SOURCE) -> Path:
-    """The call-logging build of ``wrapped`` (a strategy's C source), as ``<strategy_dir>/libcall_log.so``."""
+def build(strategy_dir: str | Path, wrapped: str | Path = batch_strategy.SOURCE,
+          extra_flags: Sequence[str] = ()) -> Path:
+    """The call-logging build of ``wrapped`` (a strategy's C source), as ``<strategy_dir>/libcall_log.so``;
+    ``extra_flags`` as the exercise's AddressSanitizer flags (the wrapped file's lines keep its own name)."""
     wrapped = Path(wrapped).resolve()
     flags = () if wrapped == batch_strategy.SOURCE.resolve() else (f'-DLAB_WRAPPED_STRATEGY="{wrapped}"',)
-    return cbackend.build_strategy(SOURCE, NAME, strategy_dir, extra_flags=flags)
+    return cbackend.build_strategy(SOURCE, NAME, strategy_dir, extra_flags=(*flags, *extra_flags))
 
 
 @dataclass(frozen=True)

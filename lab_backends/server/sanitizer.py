@@ -114,7 +114,10 @@ def report(log: str, source_name: str) -> Report | None:
     header = _HEADER.search(log)
     if header is None:
         return None
-    kind = "double-free" if "attempting double-free" in log[header.start():header.start() + 200] else header.group(1)
+    # A double free and a bad free both begin "attempting ..."; the SUMMARY line names them so.
+    head = log[header.start():header.start() + 200]
+    kind = ("double-free" if "attempting double-free" in head else
+            "bad-free" if "attempting free on address which was not malloc()-ed" in head else header.group(1))
     body = log[header.start():]
     end = body.find("SUMMARY: AddressSanitizer")
     body = body if end < 0 else body[:end]

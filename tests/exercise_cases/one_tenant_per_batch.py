@@ -44,7 +44,15 @@ WRONG = [
           r"Compare tenant names with strcmp, not their pointers"),
     Wrong("keeps the request's pointer and frees it in ModelBatchFinalize as if it were a copy",
           _variant("kept_pointer_freed", (COPY, KEEP)),
-          r"tritonserver died.*free\(\) was given a pointer your strategy did not allocate"),
+          r"AddressSanitizer found a bad-free .*in TRITONBACKEND_ModelBatchFinalize\(\) at \w+\.c:\d+.*"
+          r"free only what your strategy allocated \(the request's tenant text is the request's\)"),
+    # A copy one byte short (no room for the terminating NUL): the write lands in malloc's padding or the
+    # next block, so nothing need crash; AddressSanitizer stops the server at strcpy's write, with the line.
+    Wrong("copies the tenant into malloc(strlen(tenant)) bytes: strcpy writes its '\\0' past the block",
+          _variant("copy_one_short", (COPY, "    batch->tenant = malloc(strlen(tenant));\n"
+                                            "    if (batch->tenant != NULL) strcpy(batch->tenant, tenant);\n")),
+          r"AddressSanitizer found a heap-buffer-overflow \(WRITE of size \d+: .*"
+          r"in TRITONBACKEND_ModelBatchIncludeRequest\(\) at \w+\.c:\d+.*strlen \+ 1 bytes"),
     Wrong("tests strcmp's result as true-when-equal: includes other tenants, refuses its own",
           _variant("strcmp_as_bool", (COMPARE, "*should_include = batch->tenant != NULL && "
                                                "strcmp(batch->tenant, tenant);")),
@@ -57,7 +65,7 @@ WRONG = [
           r"never answered .*Always include a batch's first request"),
     Wrong("a request without a tenant gives NULL, and strdup(NULL) kills the server",
           _variant("null_tenant", ('  *tenant = "";\n  uint32_t count', "  *tenant = NULL;\n  uint32_t count")),
-          r"tritonserver died while your strategy formed batches"),
+          r"AddressSanitizer found a SEGV .* at \w+\.c:\d+.*Check every pointer before use"),
     Wrong("an unused variable (a warning, so -Werror fails the build)",
           _variant("warning", ("  Batch* batch = userp;\n  if (batch != NULL) {",
                                "  Batch* batch = userp;\n  int unused = 0;\n  if (batch != NULL) {")),

@@ -26,6 +26,13 @@ learner fixes things:
    a test the wrong way round) only where the answers single it out. The model is unloaded
    (``ModelBatcherFinalize``) after each load and the server must still serve.
 
+Both builds carry AddressSanitizer (:mod:`lab_backends.server.sanitizer`) and the server runs with its
+runtime preloaded, as for notebooks 09 and 09c; every request has a deadline
+(:data:`~lab_backends.lessons.native_faults.REQUEST_DEADLINE_S`). A memory error (a tenant copied into a
+block one byte short, a free of the request's own text) stops the server at the first bad access and
+is named with its kind and the learner's line (:func:`~lab_backends.lessons.native_faults.named`),
+where glibc used to notice it later, or never.
+
 Not checked, because Triton 2.51 never shows it: a batch that keeps the request's pointer to its
 tenant instead of a copy. The batch's state is finalized before the batch is handed to an instance
 (core ``dynamic_batch_scheduler.cc`` 430-437 at r24.10), so before any of its requests can be released,
@@ -37,7 +44,6 @@ crashes the server, which step 3 reports.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -46,12 +52,12 @@ import numpy as np
 import pandas as pd
 
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
-from lab_backends.lessons import batch_strategy, strategy_calls
+from lab_backends.lessons import batch_strategy, native_faults, strategy_calls
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.exercises.tenant_offers import LOGGED_TRIES, Offer, judge, missing, offers_in
 from lab_backends.lessons.handout import handout, read_c_answer
 from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server import crash
+from lab_backends.server import crash, sanitizer
 from lab_backends.server.repository import read_config
 from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
@@ -71,9 +77,9 @@ TASK = (
     "request joins (the first request of a batch always does, and decides its tenant), ModelBatchFinalize "
     "frees what the batch allocated. Then call exercises.check('one_tenant_per_batch', "
     "'exercises/tenant_batching.c'). The checker reads your frees, builds the file with -Wall -Wextra -Werror "
-    "-Wl,-z,defs, loads it on scheduler_probe on a server of its own, sends a burst of requests of several "
-    "tenants and checks every batch in the trace, then loads it wrapped in the call log and reads what your "
-    "IncludeRequest answered for each request offered to a batch that already held one."
+    "-Wl,-z,defs and AddressSanitizer, loads it on scheduler_probe on a server of its own, sends a burst of "
+    "requests of several tenants and checks every batch in the trace, then loads it wrapped in the call log and "
+    "reads what your IncludeRequest answered for each request offered to a batch that already held one."
 )
 #: The tenants of one burst, in runs (None: no tenant parameter). "redwood" starts with "red".
 RUNS = (("red", 4), ("redwood", 3), ("blue", 5), (None, 3), ("red", 3), ("redwood", 4), (None, 2),
@@ -90,7 +96,13 @@ LOGGED_MS = 60
 #: Sent this far apart, the requests reach the queue in the order sent (all at once, gRPC's threads
 #: reorder them: 13, 9, 14, 12, 2, ... in one burst), so a run of one tenant waits in the queue together.
 LOGGED_GAP_S = 0.003
-ANSWER_TIMEOUT_S = 10.0
+#: Every request's deadline: a strategy that hangs or corrupts the server gets a verdict, not a wait for ever.
+ANSWER_TIMEOUT_S = native_faults.REQUEST_DEADLINE_S
+#: What to look for when the strategy corrupted memory (named by native_faults.named, with the line).
+FAULT_ADVICE = ("Check every pointer before use (a request without a 'tenant' parameter: request_tenant gives \"\" "
+                "then), copy a tenant into strlen + 1 bytes (strdup does), free only what your strategy allocated "
+                "(the request's tenant text is the request's), and never use a batch's state after "
+                "ModelBatchFinalize freed it")
 
 
 def tenants() -> list[str | None]:
@@ -117,20 +129,21 @@ def check_tenant_strategy(answer: Any, server: Any = None) -> str:
                             "the copy of its tenant included")
     with tempfile.TemporaryDirectory(prefix="exercise-tenant-") as tmp:
         try:
-            library = batch_strategy.build(tmp, path, "tenant_batching", ("-Werror",))
+            library = batch_strategy.build(tmp, path, "tenant_batching", ("-Werror", *sanitizer.COMPILE_FLAGS))
         except BackendBuildError as exc:
             raise ExerciseError(f"your {path.name} does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n"
                                 f"{exc}") from exc
         try:
-            logged = strategy_calls.build(tmp, wrapped=path)
+            logged = strategy_calls.build(tmp, wrapped=path, extra_flags=sanitizer.COMPILE_FLAGS)
         except BackendBuildError as exc:
             raise ExerciseError(f"your {path.name} builds alone but not inside the call log that the checker wraps "
                                 "it in (c_backends/batching/call_log/call_log.c #includes it after renaming the five "
                                 "functions): do not use the names CALL_LOG or wrapped_*, nor redefine the five "
                                 f"functions' names:\n{exc}") from exc
         base = read_config(MODEL_REPOSITORY / MODEL)
-        with TritonServer(models=[], trace_file=Path(tmp) / "trace.json", trace_log_frequency=1,
-                          target="local", exit_timeout_s=2) as own:
+        with (TritonServer(models=[], trace_file=Path(tmp) / "trace.json", trace_log_frequency=1,
+                           target="local", exit_timeout_s=2, address_sanitizer=True) as own,
+              native_faults.named(own, path.name, FAULT_ADVICE)):
             mixed, table = _traced_burst(own, batch_strategy.with_strategy(base, library, fixed_ms=BURST_MS))
             offers = _logged_offers(own, batch_strategy.with_strategy(base, logged, fixed_ms=LOGGED_MS))
             _still_alive(own, "after the model was unloaded (ModelBatcherFinalize)")
@@ -220,35 +233,16 @@ def _unload(own: Any, timeout_s: float = 30.0) -> None:
     _still_alive(own, "when the model was unloaded (ModelBatchFinalize, ModelBatcherFinalize)")
 
 
-#: Triton's handler of a fatal signal (server src/triton_signal.cc at r24.10), and glibc's words on a bad free().
-_SIGNAL = re.compile(r"^Signal \(\d+\) received\.", re.M)
-_BAD_FREE = re.compile(r"^(?:free\(\)|munmap_chunk\(\)|double free)[^\n]*", re.M)
-
-
 def _all_answered(own: Any, answers: pd.DataFrame, who: list[str | None]) -> None:
+    """Raise when a request went unanswered or failed. A crash, an ASan report or a server stuck in its
+    signal handler is named by :func:`~lab_backends.lessons.native_faults.named` around the whole check."""
     if answers["ok"].all():
         return
-    # A dead server's requests fail at once ("Socket closed"), a moment before its exit is seen.
+    # A dead server's requests fail at once ("Socket closed"), a moment before its exit is seen: wait for
+    # the exit, so that native_faults reads the finished report rather than "a request failed".
     refused = ~answers["ok"] & ~answers["error"].str.startswith("no answer")
-    code = poll(lambda: crash.crashed(own), lambda c: c is not None, 5.0 if refused.any() else 0.0)
-    if code is not None:
-        cause = crash.log_cause(own.log_text(), code) or crash.describe_exit(code)
-        raise ExerciseError(
-            f"tritonserver died while your strategy formed batches ({cause}): a strategy runs inside the "
-            "server, so a bad pointer kills it. Check every pointer before use, e.g. a request without a "
-            "'tenant' parameter (request_tenant gives \"\" then) or a NULL batch")
-    log = own.log_text()
-    if _SIGNAL.search(log):  # dying, or stuck in Triton's signal handler after a heap error (it can hang there)
-        freed = _BAD_FREE.search(log)
-        if freed:
-            raise ExerciseError(
-                f"tritonserver died while your strategy formed batches (glibc: \"{freed.group(0)}\", then "
-                f"\"{_SIGNAL.search(log).group(0)}\"): free() was given a pointer your strategy did not allocate. Free "
-                "only your own copies: the request's tenant text belongs to the request, so copy it (strdup) to keep "
-                "it, and free the copy in ModelBatchFinalize")
-        raise ExerciseError(
-            f"tritonserver died while your strategy formed batches (\"{_SIGNAL.search(log).group(0)}\"): a strategy "
-            "runs inside the server, so a bad pointer kills it. Check every pointer before use")
+    if poll(lambda: crash.crashed(own), lambda c: c is not None, 5.0 if refused.any() else 0.0) is not None:
+        raise ExerciseError("tritonserver died while your strategy formed batches")
     silent = answers[answers["error"].str.startswith("no answer")]
     if len(silent):
         first = who[int(silent.index[0])]
