@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from lab_backends import cli
-from lab_backends.lessons import c_lab, handout
+from lab_backends.errors import ExerciseError
+from lab_backends.lessons import c_lab, handout, native_exercise
 from lab_backends.lessons.exercises import batch_strategy
 from lab_backends.lessons.exercises.answers import shipped
 from lab_backends.server.cbackend import INCLUDE_DIR
@@ -65,7 +66,7 @@ def test_reset_that_cannot_write_says_so_in_one_line(tmp_path, capsys) -> None:
     assert said.count("\n") == 1 and "cannot reset clip_backend" in said and "--notebooks DIR" in said, said
 
 
-@pytest.mark.parametrize("module", [c_lab, batch_strategy], ids=["clip", "tenant"])
+@pytest.mark.parametrize("module", [c_lab, batch_strategy, native_exercise], ids=["clip", "tenant", "tf"])
 def test_a_copy_edited_in_place_is_an_attempt_and_the_untouched_copy_is_not(tmp_path, module) -> None:
     """The learner's path: the handed-out copy, untouched, then edited in place (TODO marks kept)."""
     handout.hand_out(tmp_path)
@@ -81,3 +82,19 @@ def test_the_direct_audit_judges_the_skeleton_as_shipped_not_the_learners_copy()
     assert shipped("exercises/clip.c") == c_lab.SKELETON
     assert shipped("exercises/tenant_batching.c") == batch_strategy.SKELETON
     assert shipped("exercises/other.c") == "exercises/other.c" and shipped(None) is None
+
+
+def test_an_old_whole_backend_answer_is_told_the_format_changed_and_how_to_reset(tmp_path) -> None:
+    """A learner who completed the old tf_gather_scatter.c (all of lab_tensorflow in one file, as handed out
+    before the file held only gather() and scatter()) keeps that file: set-up never overwrites it. Its check
+    says the format changed and names the reset; the new skeleton's comments naming Execute do not count."""
+    handout.hand_out(tmp_path)
+    mine = native_exercise.HANDOUT.in_notebooks(tmp_path)
+    mine.write_text(mine.read_text() + "\nTRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(\n"
+                    "    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) {\n"
+                    "  return NULL;\n}\n")
+    with pytest.raises(ExerciseError, match=r"defines TRITONBACKEND_ModelInstanceExecute\(\): it is the whole backend.*"
+                                            r"`lab-backends exercises reset tf_gather_scatter`.*\.bak"):
+        native_exercise.read_answer(mine)
+    assert handout.old_format(native_exercise.SKELETON.read_text(), native_exercise.HANDOUT) is None
+    assert handout.old_format("/* TRITONBACKEND_ModelInstanceExecute(...) runs it */", native_exercise.HANDOUT) is None

@@ -11,7 +11,7 @@ What counts as the reference of an exercise (every one in the registry):
   exercise (``answer`` is a ``.c`` file), the functions of that file which the handed-out skeleton
   leaves ``TODO(exercise)``;
 * for a C exercise whose skeleton is a copy of a backend of ``c_backends/`` (most of its other
-  functions identical to that backend's, e.g. ``tf_gather_scatter.c`` and ``lab_tensorflow.c``), the
+  functions identical to that backend's, as ``tf_gather_scatter.c`` once was of ``lab_tensorflow.c``), the
   functions of that backend the skeleton leaves ``TODO(exercise)``;
 * an ``answer`` that is a value (a config fragment, a dict) has no code: no code cell above the check
   may hold a literal equal to it.
@@ -394,13 +394,12 @@ def test_every_exercise_has_a_reference_to_look_for(all_answers: dict[str, Answe
     for name, answers in all_answers.items():
         assert answers.value is not None or any(len(r.lines) >= MIN_LINES for r in answers.bodies), (
             f"{name}: no reference body of {MIN_LINES}+ distinctive lines and no value: nothing to look for")
-    # The C skeleton copied from a backend is recognised as such, so that backend's bodies are looked for.
+    # A C exercise whose reference is the backend's own file (tf_gather_scatter: lab_tensorflow_batch.c): its
+    # functions are looked for; the skeleton holds only the TODO functions, a copy of no backend.
     tf = all_answers["tf_gather_scatter"]
-    assert tf.derived_from is not None and tf.derived_from.name == "lab_tensorflow.c"
-    assert {r.where for r in tf.bodies} >= {"c_backends/frameworks/lab_tensorflow/lab_tensorflow.c:gather",
-                                            "c_backends/frameworks/lab_tensorflow/lab_tensorflow.c:scatter",
-                                            "notebooks/solutions/tf_gather_scatter.c:gather",
-                                            "notebooks/solutions/tf_gather_scatter.c:scatter"}
+    assert tf.derived_from is None
+    assert {r.where for r in tf.bodies} >= {"c_backends/frameworks/lab_tensorflow/lab_tensorflow_batch.c:gather",
+                                            "c_backends/frameworks/lab_tensorflow/lab_tensorflow_batch.c:scatter"}
 
 
 @pytest.mark.parametrize("name", EXERCISE_NAMES)
@@ -429,7 +428,7 @@ def test_the_helpers_shown_are_read() -> None:
         nb = read_notebook(path)
         origins |= {(item.origin[0].name, item.origin[1]) for item in shown_above(nb, len(nb.cells)) if item.origin}
     assert {("scale.c", "TRITONBACKEND_ModelInstanceExecute"), ("lab_libtorch.cc", "gather"),
-            ("lab_libtorch.cc", "scatter"), ("lab_tensorflow.c", "gather")} <= origins
+            ("lab_libtorch.cc", "scatter"), ("lab_tensorflow_batch.c", "gather")} <= origins
 
 
 def _09c_with(cells: list[dict]) -> Notebook:
@@ -442,16 +441,22 @@ def _code(text: str) -> dict:
 
 def test_the_09c_before_the_fix_fails(all_answers: dict[str, Answers]) -> None:
     """The test of the test: 09c as it was (cells 5 and 7 printing lab_tensorflow.c's gather and
-    scatter above the exercise) is refused, for both functions."""
+    scatter above the exercise) is refused, for both functions. Those two functions are now the
+    backend's file lab_tensorflow_batch.c, so the old cells are read as showing that file."""
     try:
         old = subprocess.run(["git", "show", f"{BEFORE_THE_FIX}:{NB_09C}"], cwd=ROOT, capture_output=True,
                              text=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip(f"no git history here to read {NB_09C} at {BEFORE_THE_FIX} (an export, not a clone)")
-    problems = answers_shown_first(_09c_with(json.loads(old)["cells"]), all_answers["tf_gather_scatter"])
+    cells = json.loads(old.replace('show(TF_SOURCE, \\"gather\\")', 'show(TF_BATCH_SOURCE, \\"gather\\")')
+                       .replace('show(TF_SOURCE, \\"scatter\\")', 'show(TF_BATCH_SOURCE, \\"scatter\\")')
+                       .replace('TF_SOURCE = native_backends.tensorflow_source()\\n',
+                                'TF_SOURCE = native_backends.tensorflow_source()\\n'
+                                'TF_BATCH_SOURCE = native_backends.tensorflow_batch_source()\\n'))["cells"]
+    problems = answers_shown_first(_09c_with(cells), all_answers["tf_gather_scatter"])
     text = "\n".join(problems)
-    assert "cell 5 (show(TF_SOURCE, 'gather'))" in text and "lab_tensorflow.c:gather" in text, text
-    assert "cell 7 (show(TF_SOURCE, 'scatter'))" in text and "lab_tensorflow.c:scatter" in text, text
+    assert "cell 5 (show(TF_BATCH_SOURCE, 'gather'))" in text and "lab_tensorflow_batch.c:gather" in text, text
+    assert "cell 7 (show(TF_BATCH_SOURCE, 'scatter'))" in text and "lab_tensorflow_batch.c:scatter" in text, text
 
 
 def test_answers_put_above_the_check_are_found(all_answers: dict[str, Answers]) -> None:
@@ -460,12 +465,14 @@ def test_answers_put_above_the_check_are_found(all_answers: dict[str, Answers]) 
     nb = read_notebook(ROOT / NB_09C)
     at = check_cell(nb, "tf_gather_scatter")
     assert answers_shown_first(nb, all_answers["tf_gather_scatter"]) == []
-    shown = _09c_with(nb.cells[:at] + [_code('scatter = show(TF_SOURCE, "scatter")')] + nb.cells[at:])
-    assert any("lab_tensorflow.c:scatter" in p for p in answers_shown_first(shown, all_answers["tf_gather_scatter"]))
-    body = next(f.text for f in c_functions(Path(ROOT / "notebooks/solutions/tf_gather_scatter.c").read_text())
-                if f.name == "gather")
+    shown = _09c_with(nb.cells[:at] + [_code('scatter = show(native_backends.tensorflow_batch_source(), "scatter")')]
+                      + nb.cells[at:])
+    assert any("lab_tensorflow_batch.c:scatter" in p
+               for p in answers_shown_first(shown, all_answers["tf_gather_scatter"]))
+    batch_file = ROOT / "c_backends/frameworks/lab_tensorflow/lab_tensorflow_batch.c"
+    body = next(f.text for f in c_functions(batch_file.read_text()) if f.name == "gather")
     pasted = {"cell_type": "markdown", "metadata": {}, "source": [f"Hint:\n```c\n{body}\n```\n"]}
-    assert any("tf_gather_scatter.c:gather" in p
+    assert any("lab_tensorflow_batch.c:gather" in p
                for p in answers_shown_first(_09c_with(nb.cells[:2] + [pasted] + nb.cells[2:]),
                                             all_answers["tf_gather_scatter"]))
     # A Python answer pasted into a code cell above its check (notebook 01's kserve_json_body).

@@ -11,6 +11,10 @@ answer. The skeletons as shipped live here, in the package (``skeletons/``), and
   skeletons include into ``notebooks/exercises/include/``, because JupyterLab's file browser
   cannot leave ``notebooks/`` (nor a learner's ``~/notebooks`` in a class) to open
   ``c_backends/include/``. The headers are refreshed whenever they differ: they are read, not edited.
+* An exercise's file holds only the functions the learner writes; the checker builds it with the rest
+  of its backend from ``c_backends/`` (whose own file of those functions is the reference answer).
+  A file that still defines the rest (:attr:`Handout.rest`) is an answer in the old format, the
+  whole backend: :func:`read_c_answer` says so and how to get the new skeleton.
 * :func:`untouched` is what "not attempted" means for every C checker: the text equals the shipped
   skeleton, whitespace aside. The ``TODO(exercise)`` comments may stay in a finished file.
 * :func:`reset` hands a fresh skeleton out again, keeping the learner's file beside it as a
@@ -21,6 +25,7 @@ answer. The skeletons as shipped live here, in the package (``skeletons/``), and
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -41,6 +46,9 @@ class Handout:
 
     exercise: str
     filename: str
+    #: Functions the rest of the backend defines (built with the learner's file): a learner's file that
+    #: defines one is the old whole-backend format of the exercise.
+    rest: tuple[str, ...] = ()
 
     @property
     def shipped(self) -> Path:
@@ -53,9 +61,10 @@ class Handout:
 
 
 HANDOUTS = (Handout("clip_backend", "clip.c"), Handout("one_tenant_per_batch", "tenant_batching.c"),
-            Handout("tf_gather_scatter", "tf_gather_scatter.c"))
+            Handout("tf_gather_scatter", "tf_gather_scatter.c",
+                    rest=("TRITONBACKEND_ModelInstanceExecute", "TRITONBACKEND_ModelInitialize")))
 #: Headers handed out beside the skeletons, to read: the shared ones, and lab_tensorflow's own
-#: (tf_gather_scatter.c includes config_json.h and tf_proto.h).
+#: (tf_gather_scatter.c includes lab_tensorflow.h, which includes tf_proto.h).
 HEADER_DIRS = (INCLUDE_DIR, INCLUDE_DIR.parent / "frameworks" / "lab_tensorflow")
 
 
@@ -72,6 +81,17 @@ def untouched(source: str, item: Handout) -> bool:
     return source.split() == item.shipped.read_text().split()
 
 
+def defines(source: str, function: str) -> bool:
+    """Does ``source`` define (or declare) C function ``function`` at the start of a line (a comment
+    that names it does not count)?"""
+    return re.search(rf"^[A-Za-z_][^\n;]*\b{re.escape(function)}\s*\(", source, re.M) is not None
+
+
+def old_format(source: str, item: Handout) -> str | None:
+    """The first function of the rest of the backend that ``source`` defines, or None."""
+    return next((f for f in item.rest if defines(source, f)), None)
+
+
 def read_c_answer(answer: object, item: Handout, notebook: str, not_attempted: str) -> tuple[Path, str]:
     """The learner's C file for ``item`` and its text; ``NotImplementedError(not_attempted)`` while it is
     the skeleton as shipped. Compared with the package's copy, never with the file being edited in
@@ -86,6 +106,13 @@ def read_c_answer(answer: object, item: Handout, notebook: str, not_attempted: s
     source = path.read_text()
     if untouched(source, item):
         raise NotImplementedError(not_attempted)
+    whole = old_format(source, item)
+    if whole is not None:
+        raise ExerciseError(
+            f"{path.name} defines {whole}(): it is the whole backend, the exercise's old file format. The file "
+            f"now holds only the functions you write; the rest of the backend is built with it. Run "
+            f"`lab-backends exercises reset {item.exercise}` in a terminal: it hands out the new skeleton and keeps "
+            f"your file as a .bak, from which you can copy your function bodies")
     return path, source
 
 

@@ -1,13 +1,16 @@
 """Notebook 09c's exercise (``tf_gather_scatter``): the gather and the scatter of the C TensorFlow backend.
 
-The learner completes ``exercises/tf_gather_scatter.c`` next to the notebook, in place: the backend
-``lab_tensorflow`` (``c_backends/frameworks/lab_tensorflow/``) with the bodies of ``gather()`` and
-``scatter()`` left as ``TODO(exercise)`` (handed out by set-up, :mod:`lab_backends.lessons.handout`;
-"not attempted" only while the file is the skeleton as shipped). :func:`check_gather_scatter` then
-does what a reviewer and a test server would, in the order a learner fixes things:
+The learner completes ``exercises/tf_gather_scatter.c`` next to the notebook, in place: the two
+functions ``gather()`` and ``scatter()`` of the backend ``lab_tensorflow``
+(``c_backends/frameworks/lab_tensorflow/``), left as ``TODO(exercise)`` (handed out by set-up,
+:mod:`lab_backends.lessons.handout`; "not attempted" only while the file is the skeleton as shipped).
+The file holds only them: the rest of the backend is ``lab_tensorflow.c``, built with it in place of
+the backend's own ``lab_tensorflow_batch.c`` (the reference answer). :func:`check_gather_scatter`
+then does what a reviewer and a test server would, in the order a learner fixes things:
 
-1. builds it as :mod:`lab_backends.server.native_backends` builds ``lab_tensorflow`` (``gcc -Wall
-   -Wextra -Werror -Wl,-z,defs`` against the wheel's TensorFlow C API, rpath to it);
+1. builds it with ``lab_tensorflow.c`` as :mod:`lab_backends.server.native_backends` builds
+   ``lab_tensorflow`` (``gcc -Wall -Wextra -Werror -Wl,-z,defs`` against the wheel's TensorFlow C API,
+   rpath to it), so the compiler's lines name the learner's file;
 2. serves it as backend ``tf_exercise`` on a server *of its own* (a double free in a scatter kills
    tritonserver, which must not be the learner's), beside ``tf_reference``: digits_tf_native's
    config on the built ``lab_tensorflow``, whose answers are the reference;
@@ -22,7 +25,8 @@ does what a reviewer and a test server would, in the order a learner fixes thing
 
 The backend is built with AddressSanitizer and its server preloads the runtime
 (:mod:`lab_backends.server.sanitizer`): a write past the batch tensor, a use after free or a double
-free stops the server at the fault, and the verdict names it with the line of the learner's file
+free stops the server at the fault, and the verdict names it with the line of the learner's file, or of
+``lab_tensorflow.c`` and where the learner's file freed the block first
 (:mod:`lab_backends.lessons.native_faults`). Every request has a deadline (:data:`REQUEST_DEADLINE_S`),
 so a server that hangs (a heap glibc found corrupted, an Execute that never returns) gets a verdict too,
 and the ``with TritonServer`` block stops it by PID, SIGKILL after its exit timeout.
@@ -59,14 +63,15 @@ SKELETON = HANDOUT.shipped
 NOT_ATTEMPTED = ("complete gather() and scatter(), the two TODO(exercise) places in exercises/tf_gather_scatter.c, "
                  "next to this notebook (the marks may stay), save it, then run this cell again")
 TASK = (
-    "Complete exercises/tf_gather_scatter.c (next to notebook 09c): the C backend lab_tensorflow with the bodies of "
-    "gather() and scatter() left to you. gather() puts every good request's rows (a request may carry several: "
-    "its first dimension) into one TF_Tensor, each at its offset, and fails alone a request whose rows the model "
-    "cannot take; scatter() answers each request with its own rows of the result, shaped [its rows, 10]. Leak "
-    "nothing per batch. Then call exercises.check('tf_gather_scatter', 'exercises/tf_gather_scatter.c'). The "
-    "checker builds it against TensorFlow's C API with -Wall -Wextra -Werror -Wl,-z,defs, serves it on a server "
-    "of its own, compares concurrent requests of 1 to 8 rows with digits_tf_native, sends a bad row inside a "
-    "batch, and watches the server's memory over many batches."
+    "Complete exercises/tf_gather_scatter.c (next to notebook 09c): the bodies of gather() and scatter() of "
+    "the C backend lab_tensorflow, whose rest is built with your file. gather() puts every good request's rows "
+    "(a request may carry several: its first dimension) into one TF_Tensor, each at its offset, and fails alone "
+    "a request whose rows the model cannot take; scatter() answers each request with its own rows of the result, "
+    "shaped [its rows, 10]. Leak nothing per batch. Then call exercises.check('tf_gather_scatter', "
+    "'exercises/tf_gather_scatter.c'). The checker builds it with the rest of lab_tensorflow against "
+    "TensorFlow's C API with -Wall -Wextra -Werror -Wl,-z,defs, serves it on a server of its own, compares "
+    "concurrent requests of 1 to 8 rows with digits_tf_native, sends a bad row inside a batch, and watches the "
+    "server's memory over many batches."
 )
 TOLERANCE = 1e-4
 #: Every request's deadline (gRPC ``client_timeout``): a request of 64 rows takes milliseconds, under
@@ -97,12 +102,13 @@ def read_answer(answer: Any) -> tuple[Path, str]:
 
 
 def build(source: Path, backend_dir: Path, name: str = BACKEND) -> Path:
-    """``source`` built as lab_tensorflow is (its flags, its local headers, TensorFlow's C API)."""
+    """``source`` (gather and scatter) built with the rest of lab_tensorflow as lab_tensorflow is (its
+    flags, its local headers, TensorFlow's C API), with AddressSanitizer."""
     runtime = native_backends.tensorflow_runtime()
     return cbackend.build(source, name, backend_dir, extra_flags=("-Werror", *sanitizer.COMPILE_FLAGS),
                           include_dirs=(cbackend.INCLUDE_DIR, native_backends.tensorflow_source().parent,
                                         runtime.include_dir),
-                          link_flags=runtime.link_flags())
+                          link_flags=runtime.link_flags(), more_sources=(native_backends.tensorflow_source(),))
 
 
 def write_models(repo: Path, backend_dir: Path) -> None:
@@ -144,29 +150,35 @@ def check_gather_scatter(answer: Any, server: Any = None) -> str:
             want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]},
                                          client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
                                    for i in range(0, len(pixels), 64)])
-            probe = Probe(own, pixels, want, path.name)
+            probe = Probe(own, pixels, want, (path.name, native_backends.tensorflow_source().name))
             probe.alone(0, 1)
             probe.alone(40, 5)
             mixed = probe.bursts()
             probe.bad_row()
             growth, gathered = probe.leak()
-    return (f"{path.name} built with -Werror against TensorFlow's C API; requests of 1 and 5 rows alone and "
-            f"{mixed} concurrent requests of 1 to 8 rows in shared batches all equal digits_tf_native's logits; a "
-            f"row of 63 values failed alone in its batch; RSS grew {growth / 1e6:.1f} MB over "
-            f"{LEAK_REQUESTS} batches that gathered {gathered / 1e6:.1f} MB: nothing leaked per batch.")
+    return (f"{path.name} built with the rest of lab_tensorflow, -Werror, against TensorFlow's C API; requests "
+            f"of 1 and 5 rows alone and {mixed} concurrent requests of 1 to 8 rows in shared batches all equal "
+            f"digits_tf_native's logits; a row of 63 values failed alone in its batch; RSS grew "
+            f"{growth / 1e6:.1f} MB over {LEAK_REQUESTS} batches that gathered {gathered / 1e6:.1f} MB: nothing "
+            "leaked per batch.")
 
 
 class Probe:
     """The requests of one check, against the learner's model on ``own``; ``want``: the reference logits;
-    ``source_name``: the learner's file name, which a memory error's report is searched for."""
+    ``source_name``: the learner's file name, then the rest of the backend's, which a memory error's
+    report is searched for."""
 
-    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray, source_name: str = "") -> None:
+    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray,
+                 source_name: str | tuple[str, ...] = "") -> None:
         self.own, self.pixels, self.want, self.source_name = own, pixels, want, source_name
 
     def _died(self, when: str, failure: Any = None) -> None:
         """Raise the verdict when the server faulted (see native_faults), or when ``failure`` (a request's
         error) is a deadline that passed on a server that shows no fault: Execute never answered."""
         found = fault(self.own, self.source_name)
+        rest = self.source_name[1:] if isinstance(self.source_name, tuple) else ()
+        if found is not None and any(f" at {name}:" in found for name in rest):
+            found += " (the rest of the backend, built with your file: it tripped over what your code left)"
         if found is not None:
             raise ExerciseError(
                 f"{found} {when}: your backend runs inside the server. Look for a write past the batch tensor "

@@ -50,10 +50,11 @@ def _settle(server: Any, within_s: float) -> str:
         time.sleep(0.1)
 
 
-def fault(server: Any, source_name: str, within_s: float = SETTLE_S) -> str | None:
+def fault(server: Any, source_name: str | tuple[str, ...], within_s: float = SETTLE_S) -> str | None:
     """One sentence on what went wrong in ``server`` (see the module docstring), or ``None``.
 
-    ``source_name``: the file name of the learner's C source, whose line ASan's report is searched for.
+    ``source_name``: the file name of the learner's C source, whose line ASan's report is searched for
+    (or several: the learner's, then the rest of the backend built with it; see sanitizer.report).
     """
     log = _settle(server, within_s)
     found = sanitizer.report(log, source_name)

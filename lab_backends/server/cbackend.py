@@ -127,6 +127,7 @@ def build(
     target: Path | None = None,
     required: tuple[str, ...] = (REQUIRED_ENTRY_POINT,),
     link_flags: Iterable[str] = (),
+    more_sources: Iterable[str | Path] = (),
 ) -> Path:
     """Compile ``source`` into Triton backend ``name`` and return the library's path.
 
@@ -134,6 +135,8 @@ def build(
     compile, or an API name is misspelled (caught at link time by ``-Wl,-z,defs``). ``extra_flags``
     go to gcc after ours (the exercise checker adds ``-Werror``). ``target`` and ``required`` serve
     :func:`build_strategy`: another file name, other entry points that must be exported.
+    ``more_sources`` are compiled into the same library after ``source`` (a backend in several files,
+    e.g. lab_tensorflow and its batch file; an exercise's file with the rest of its backend).
     ``link_flags`` go after the source (libraries, rpath): a framework's runtime
     (:mod:`lab_backends.server.native_backends`).
     """
@@ -151,7 +154,7 @@ def build(
     with built_in_place(target) as tmp:
         command = [
             cc, *CFLAGS, *extra_flags, *(f"-I{d}" for d in include_dirs),
-            "-shared", "-o", str(tmp), str(source),
+            "-shared", "-o", str(tmp), str(source), *(str(p) for p in more_sources),
             "-Wl,-z,defs",                               # every symbol must resolve now, not at load
             str(server_lib),                             # the API lives in libtritonserver.so
             f"-Wl,-rpath-link,{server_lib.parent}",      # its own dependencies, for the link check only

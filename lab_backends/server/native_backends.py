@@ -1,6 +1,7 @@
 """Build the framework backends of ``c_backends/frameworks/``: a framework's own runtime behind the backend C API.
 
-``lab_tensorflow`` (``c_backends/frameworks/lab_tensorflow/``, C) serves a TensorFlow SavedModel
+``lab_tensorflow`` (``c_backends/frameworks/lab_tensorflow/``, C: ``lab_tensorflow.c`` and its gather and
+scatter in ``lab_tensorflow_batch.c``, sharing ``lab_tensorflow.h``) serves a TensorFlow SavedModel
 inside the server process through TensorFlow's C API, the way Triton's own framework backends
 (tensorflow_backend, pytorch_backend ``src/libtorch.cc``) do in C++: gather the batch into one
 framework tensor, run it once, scatter the rows. Its build is a C backend's build
@@ -114,7 +115,15 @@ def tensorflow_runtime() -> FrameworkRuntime:
 
 
 def tensorflow_source() -> Path:
+    """lab_tensorflow's loading and Execute; its gather and scatter are :func:`tensorflow_batch_source`."""
     return FRAMEWORKS_DIR / TENSORFLOW_BACKEND / f"{TENSORFLOW_BACKEND}.c"
+
+
+def tensorflow_batch_source() -> Path:
+    """lab_tensorflow's gather() and scatter(), a file of their own: notebook 09c's exercise asks for
+    them, and its checker builds the learner's file with :func:`tensorflow_source` in its place
+    (:mod:`lab_backends.lessons.native_exercise`). This file is the exercise's reference answer."""
+    return FRAMEWORKS_DIR / TENSORFLOW_BACKEND / f"{TENSORFLOW_BACKEND}_batch.c"
 
 
 def tensorflow_is_stale(backend_dir: Path = BACKEND_DIR, runtime: FrameworkRuntime | None = None) -> bool:
@@ -139,7 +148,7 @@ def build_tensorflow(backend_dir: str | Path = BACKEND_DIR, *, force: bool = Fal
     return cbackend.build(
         tensorflow_source(), TENSORFLOW_BACKEND, backend_dir,
         include_dirs=(cbackend.INCLUDE_DIR, runtime.include_dir),
-        link_flags=runtime.link_flags(),
+        link_flags=runtime.link_flags(), more_sources=(tensorflow_batch_source(),),
     )
 
 

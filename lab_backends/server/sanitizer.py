@@ -77,6 +77,7 @@ class Report:
     function: str          #: the innermost function of the learner's file on the faulting stack, or ""
     line: str              #: "tf_gather_scatter.c:593", or ""
     region: str = ""       #: "0 bytes after a 256-byte block", or ""
+    freed_at: str = ""     #: where the learner's file freed the block first ("scatter() at tf.c:80"), or ""
 
     def sentence(self) -> str:
         """One line: ``heap-buffer-overflow (WRITE of size 1280, an access past ...) in gather(), tf.c:600``."""
@@ -84,7 +85,8 @@ class Report:
         where = f" in {self.function}() at {self.line}" if self.line else ""
         access = f"{self.access}: " if self.access else ""
         region = f", {self.region}" if self.region else ""
-        return f"AddressSanitizer found a {self.kind} ({access}{what}{region}){where}"
+        freed = f", freed first in {self.freed_at}" if self.freed_at else ""
+        return f"AddressSanitizer found a {self.kind} ({access}{what}{region}){where}{freed}"
 
 
 def runtime() -> Path:
@@ -108,9 +110,15 @@ def environment(env: dict[str, str]) -> dict[str, str]:
     return {**env, "LD_PRELOAD": ":".join([library, *others]), "ASAN_OPTIONS": options}
 
 
-def report(log: str, source_name: str) -> Report | None:
+def report(log: str, source_name: str | tuple[str, ...]) -> Report | None:
     """The first ASan report in ``log``, its frame located in the file named ``source_name`` (or in
-    a header it includes, when no frame is in that file), else ``None``."""
+    a header it includes, when no frame is in that file), else ``None``.
+
+    ``source_name`` may name several files, the learner's first, then the rest of the backend built
+    with it: the faulting frame is looked for in each in turn. When it is not in the learner's file
+    (Execute deleting a tensor the learner's scatter already deleted), the stack that freed the block
+    first is searched for the learner's file too (``freed_at``)."""
+    names = (source_name,) if isinstance(source_name, str) else tuple(source_name)
     header = _HEADER.search(log)
     if header is None:
         return None
@@ -122,13 +130,25 @@ def report(log: str, source_name: str) -> Report | None:
     end = body.find("SUMMARY: AddressSanitizer")
     body = body if end < 0 else body[:end]
     access = _ACCESS.search(body)
-    faulting = _SECOND_PART.split(body, maxsplit=1)[0]  # the faulting stack, not where the block came from
-    frames = [(m.group(1), Path(m.group(2)).name, m.group(3)) for m in _FRAME.finditer(faulting)]
-    ours = [f for f in frames if f[1] == source_name] or [f for f in frames if f[1].endswith(".h")]
+    parts = _SECOND_PART.split(body, maxsplit=1)  # the faulting stack, then where the block came from
+    frames = _frames(parts[0])
+    ours = next(([f for f in frames if f[1] == n] for n in names if any(f[1] == n for f in frames)), [])
+    ours = ours or [f for f in frames if f[1].endswith(".h")]
     function, line = (ours[0][0], f"{ours[0][1]}:{ours[0][2]}") if ours else ("", "")
+    freed_at = ""
+    freed = re.search(r"^.*freed by thread.*$", body, re.M)
+    if ours and ours[0][1] != names[0] and freed:
+        first = [f for f in _frames(_SECOND_PART.split(body[freed.end():], maxsplit=1)[0]) if f[1] == names[0]]
+        freed_at = f"{first[0][0]}() at {first[0][1]}:{first[0][2]}" if first else ""
     located = _REGION.search(body)
     region = ""
     if located:
         side = {"right": "after", "left": "before"}.get(located.group(2), located.group(2))
         region = f"{located.group(1)} bytes {side} a {located.group(3)}-byte block"
-    return Report(kind, f"{access.group(1)} of size {access.group(2)}" if access else "", function, line, region)
+    return Report(kind, f"{access.group(1)} of size {access.group(2)}" if access else "", function, line, region,
+                  freed_at)
+
+
+def _frames(stack: str) -> list[tuple[str, str, str]]:
+    """(function, file name, line) of each frame of one stack of a report."""
+    return [(m.group(1), Path(m.group(2)).name, m.group(3)) for m in _FRAME.finditer(stack)]

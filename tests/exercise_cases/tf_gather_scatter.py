@@ -1,6 +1,8 @@
 """Audit cases of ``tf_gather_scatter`` (notebook 09c): the gather and scatter of the C TensorFlow backend.
 
-Each wrong answer is the reference with one fault put in (written to a scratch folder that lives as
+The reference is the backend's own gather() and scatter() (c_backends/frameworks/lab_tensorflow/
+lab_tensorflow_batch.c), which the checker builds with the rest of lab_tensorflow as it builds an
+answer. Each wrong answer is the reference with one fault put in (written to a scratch folder that lives as
 long as the process); the checker builds and serves each one. Every fault stays inside the batch
 tensor (an offset of ``i`` rows is never past the rows of requests 0..i), so none can crash the
 server by luck: each is refused for what it is, on every run.
@@ -104,10 +106,9 @@ _HEADER = native_exercise.SKELETON.read_text().split("*/", 1)[0] + "*/\n"
 
 
 def _function(name: str) -> str:
-    """The reference's step comment and function ``name``, up to the next step's comment."""
+    """The reference's step comment and function ``name``, up to the next step's comment (or the end)."""
     start = REFERENCE.index({"gather": GATHER_START, "scatter": "/* Step 4, SCATTER:"}[name])
-    end = REFERENCE.index({"gather": "/* Step 3, RUN:", "scatter": "/* Step 5, REPORT"}[name])
-    return REFERENCE[start:end]
+    return REFERENCE[start:REFERENCE.index("/* Step 4, SCATTER:")] if name == "gather" else REFERENCE[start:]
 
 
 #: Two passes over the requests without the batch's own bookkeeping helpers: the buffer is the
@@ -121,7 +122,7 @@ static void free_batch(void* data, size_t length, void* arg) {
   free(data);
 }
 
-static TF_Tensor* gather(const TfInstance* in, Slot* slots, uint32_t count, uint64_t* total) {
+TF_Tensor* gather(const TfInstance* in, Slot* slots, uint32_t count, uint64_t* total) {
   const TfModel* m = in->model;
   uint64_t row_elements = 1;
   int64_t dims[TF_MAX_DIMS];
@@ -172,8 +173,7 @@ static TF_Tensor* gather(const TfInstance* in, Slot* slots, uint32_t count, uint
 """
 
 POINTER_SCATTER = """/* Step 4, SCATTER, walking the result. */
-static void scatter(const TfInstance* in, const TF_Tensor* result, Slot* slots, uint32_t count,
-                    uint64_t total) {
+void scatter(const TfInstance* in, const TF_Tensor* result, Slot* slots, uint32_t count, uint64_t total) {
   (void)total;
   const ConfigTensor* t = &in->model->output;
   int64_t shape[TF_MAX_DIMS];

@@ -57,7 +57,7 @@ typedef struct {
   PbSpan bytes;
 } PbField;
 
-static bool pb_varint(PbSpan* s, uint64_t* out) {
+static __attribute__((unused)) bool pb_varint(PbSpan* s, uint64_t* out) {
   uint64_t v = 0;
   for (int shift = 0; shift < 64 && s->at < s->end; shift += 7) {
     uint8_t b = *s->at++;
@@ -71,7 +71,7 @@ static bool pb_varint(PbSpan* s, uint64_t* out) {
 }
 
 /* The next field of 's'; false at the end or on malformed bytes (*bad tells which). */
-static bool pb_next(PbSpan* s, PbField* f, bool* bad) {
+static __attribute__((unused)) bool pb_next(PbSpan* s, PbField* f, bool* bad) {
   *bad = false;
   if (s->at >= s->end) return false;
   uint64_t key = 0;
@@ -107,13 +107,13 @@ malformed:
   return false;
 }
 
-static bool pb_equals(PbSpan bytes, const char* text) {
+static __attribute__((unused)) bool pb_equals(PbSpan bytes, const char* text) {
   size_t n = strlen(text);
   return (size_t)(bytes.end - bytes.at) == n && memcmp(bytes.at, text, n) == 0;
 }
 
 /* Copy a string field into 'out' (NUL-terminated, cut to out_size - 1). */
-static void pb_copy(PbSpan bytes, char* out, size_t out_size) {
+static __attribute__((unused)) void pb_copy(PbSpan bytes, char* out, size_t out_size) {
   size_t n = (size_t)(bytes.end - bytes.at);
   if (n >= out_size) n = out_size - 1;
   memcpy(out, bytes.at, n);
@@ -126,7 +126,7 @@ static void pb_copy(PbSpan bytes, char* out, size_t out_size) {
  * comma-separated, for an error message (not those starting with "__": TensorFlow's own). Returns
  * false only on malformed bytes.
  */
-static bool pb_map_find(PbSpan msg, uint32_t field, const char* key, PbSpan* value, bool* found,
+static __attribute__((unused)) bool pb_map_find(PbSpan msg, uint32_t field, const char* key, PbSpan* value, bool* found,
                         char* keys, size_t keys_size) {
   *found = false;
   if (keys != NULL && keys_size > 0) keys[0] = '\0';
@@ -170,7 +170,7 @@ typedef struct {
 } TfTensorInfo;
 
 /* Parse a TensorInfo message. Returns false on malformed bytes or more than TF_MAX_DIMS dims. */
-static bool pb_tensor_info(PbSpan msg, TfTensorInfo* info) {
+static __attribute__((unused)) bool pb_tensor_info(PbSpan msg, TfTensorInfo* info) {
   memset(info, 0, sizeof *info);
   PbField f;
   bool bad = false;
@@ -201,7 +201,7 @@ static bool pb_tensor_info(PbSpan msg, TfTensorInfo* info) {
 }
 
 /* Append a varint field to a buffer of at least 11 free bytes; the new length. */
-static size_t pb_put_varint_field(uint8_t* out, size_t len, uint32_t field, uint64_t value) {
+static __attribute__((unused)) size_t pb_put_varint_field(uint8_t* out, size_t len, uint32_t field, uint64_t value) {
   uint64_t key = (uint64_t)field << 3 | PB_VARINT;
   do {
     out[len++] = (uint8_t)((key & 0x7f) | (key > 0x7f ? 0x80 : 0));
@@ -218,7 +218,7 @@ static size_t pb_put_varint_field(uint8_t* out, size_t len, uint32_t field, uint
  * A ConfigProto that sets the two thread pools (0 = TensorFlow's own choice, as in config.proto)
  * and, when asked, per-session pools. 'out' holds at least 40 bytes; returns the length.
  */
-static size_t tf_config_proto(uint8_t* out, uint32_t intra, uint32_t inter, bool per_session) {
+static __attribute__((unused)) size_t tf_config_proto(uint8_t* out, uint32_t intra, uint32_t inter, bool per_session) {
   size_t len = 0;
   if (intra) len = pb_put_varint_field(out, len, CONFIG_INTRA_OP_THREADS, intra);
   if (inter) len = pb_put_varint_field(out, len, CONFIG_INTER_OP_THREADS, inter);
