@@ -23,10 +23,11 @@ batcher, keyed by the correlation ID alone, so two learners who both pick ``sequ
 lessons suggest small numbers) would add to one running mean. In a class, the correlation ID a
 learner passes is therefore sent as ``uid * 2**32 + id`` (:func:`sequence_id`): Unix UIDs are unique
 on the machine, so the ranges cannot overlap, and no list of learners is needed. ``client.infer``
-applies it, so the lessons' sequence helpers and every answer built on ``infer`` stay in range. It
-cannot be enforced at the door: the ID travels inside the request body (JSON ``parameters`` over
-HTTP, protobuf over gRPC), which nginx does not parse; a learner who hand-crafts a request can still
-name another's ID, and lesson 08 says so.
+applies it, so the lessons' sequence helpers and every answer built on ``infer`` stay in range. A
+string ID is sent as ``"<name>:<id>"`` (names hold no ``:``). The door enforces both (issue 46): its
+validating gateway reads the ID from the body (JSON ``parameters`` over HTTP, protobuf over gRPC) and
+refuses one outside the learner nginx verified (:mod:`lab_backends.server.door_sequences`), so a
+hand-made request cannot name another learner's sequence either.
 
 Written by hand (twenty lines): no maintained library produces ``secure_link``'s token format.
 """
@@ -76,11 +77,14 @@ SEQUENCE_SPAN = 1 << 32
 def sequence_id(corrid: int | str, environ: Mapping[str, str] = os.environ, uid: int | None = None) -> int | str:
     """The correlation ID a request carries: the learner's own range in a class, else ``corrid`` unchanged.
 
-    ``0`` (no sequence) and string IDs pass unchanged; a numeric ID outside 1 .. 2**32 - 1 in a class is
-    refused, since it would leave the learner's range.
+    ``0`` (no sequence) passes unchanged; a string gets the learner's name and ``:`` in front (once); a
+    numeric ID outside 1 .. 2**32 - 1 in a class is refused, since it would leave the learner's range.
     """
-    if not headers(environ) or isinstance(corrid, str) or corrid == 0:
+    if not headers(environ) or corrid == 0:
         return corrid
+    if isinstance(corrid, str):
+        prefix = environ[LEARNER_VAR] + ":"
+        return corrid if corrid.startswith(prefix) else prefix + corrid
     if not 0 < int(corrid) < SEQUENCE_SPAN:
         raise ValueError(f"in a class, a sequence ID must be between 1 and {SEQUENCE_SPAN - 1} (yours is sent in a "
                          f"range of your own on the shared server), got {corrid}")

@@ -72,7 +72,8 @@ def test_a_learners_sequence_ids_are_their_own_on_a_shared_server() -> None:
     mine, theirs = learner.sequence_id(7, ada, uid=1001), learner.sequence_id(7, ada, uid=1002)
     assert mine != theirs and mine % learner.SEQUENCE_SPAN == 7 and mine // learner.SEQUENCE_SPAN == 1001
     assert learner.sequence_id(7, {}) == 7 and learner.sequence_id(0, ada, uid=1001) == 0  # 0: no sequence
-    assert learner.sequence_id("s-7", ada, uid=1001) == "s-7"  # string IDs pass as they are
+    assert learner.sequence_id("s-7", ada, uid=1001) == "ada:s-7" == learner.sequence_id("ada:s-7", ada)  # named
+    assert learner.sequence_id("s-7", {}) == "s-7"  # outside a class, strings pass as they are
     with pytest.raises(ValueError, match="between 1 and 4294967295"):
         learner.sequence_id(learner.SEQUENCE_SPAN, ada, uid=1001)
 

@@ -66,8 +66,11 @@ def test_nginx_accepts_the_rendered_config(tmp_path, variant):
         assert "ModelStatistics" not in text and "RepositoryModelLoad" in text  # statistics stay open
     if variant == "open":
         assert "k3y" not in text and "default 1;" in text
+    # nginx's word on the learner, for the gateway, replaces any header of that name the client sent (issue 46)
+    assert "proxy_set_header lab-door-learner $door_learner;" in text and "grpc_set_header lab-door-learner" in text
     if variant == "learners":
         assert "limit_conn door_in_flight 3;" in text and "rate=7r/s" in text and "limit_req zone=door_rate;" in text
+        assert "return 401" in text and "grpc-status 16" in text  # a tokenless request, refused in a class
     else:
         # nothing is limited outside a class
         assert "limit_req" not in text and "limit_conn" not in text and "secure_link" not in text

@@ -13,7 +13,9 @@ import tritonclient.http as httpclient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
+from tritonclient.grpc._utils import _get_inference_request
 
+from lab_backends.learner import SEQUENCE_SPAN
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.door_rules import (
     DOOR,
@@ -25,6 +27,7 @@ from lab_backends.server.door_rules import (
     nesting_depth,
     parse_json,
 )
+from lab_backends.server.door_sequences import Owner, check_grpc_params, check_http_params, check_id, owner
 from lab_backends.server.repository import model_dirs, read_config
 from tests.reliability.test_crashes import HUGE_SHAPE, NESTED, binary_overflow_request
 
@@ -206,3 +209,71 @@ INPUT = st.fixed_dictionaries({"name": st.sampled_from(["INPUT0", "PIXELS", "X",
 def test_any_body_gets_none_or_a_refusal_never_an_exception(body, model, header):
     answer = check_http(model, MODELS.get(model), body + b"\0" * 8, header)
     assert answer is None or (answer.status in (400, 413) and answer.message.startswith(DOOR))
+
+
+# --- A class's sequence IDs (door_sequences, issue 46): each learner's own, whoever built the request ------------
+
+DAEMON = owner("daemon")  # a real account: its UID comes from the system, as the gateway's does
+
+
+def _http_sequence(sequence_id, start=False, end=False) -> tuple[bytes, int | None]:
+    """tritonclient's own request body for ``running_mean``-like input, as a hand-made client sends it."""
+    tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, np.float32), binary_data=False)
+    body, length = httpclient.InferenceServerClient.generate_request_body(
+        [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return body if isinstance(body, bytes) else body.encode(), length
+
+
+def _grpc_sequence(sequence_id, start=False, end=False):
+    tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, np.float32))
+    return _get_inference_request("echo", [tensor], "", "", None, sequence_id, start, end, 0, None, None)
+
+
+def test_a_learners_owner_comes_from_the_systems_accounts():
+    assert owner(None) is None and owner("-") is None  # no class, or the admin key: no range to hold to
+    assert DAEMON == Owner("daemon", 1)
+    assert owner("nosuchlearner") == Owner("nosuchlearner", None)
+
+
+@pytest.mark.parametrize("start,end", [(False, False), (True, False), (False, True)])
+def test_another_learners_sequence_ids_are_refused_over_http_and_grpc(start, end):
+    """Injecting into, restarting (START) or ending (END) another learner's sequence: 403 / PERMISSION_DENIED,
+    with the learner's own range and how the helpers map into it; their own IDs pass, as does 0."""
+    mine = [1 * SEQUENCE_SPAN + 1, 1 * SEQUENCE_SPAN + 7, 2 * SEQUENCE_SPAN - 1, 0, "daemon:abc"]
+    theirs = [65534 * SEQUENCE_SPAN + 7, 7, SEQUENCE_SPAN, 2 * SEQUENCE_SPAN, "abc", "daemonx:abc", "nobody:abc"]
+    for sequence_id in mine + theirs:
+        body, length = _http_sequence(sequence_id, start, end)
+        http = check_http("echo", ECHO, body, length, lambda r: check_http_params(DAEMON, r))
+        grpc = check_grpc_params(DAEMON, _grpc_sequence(sequence_id, start, end))
+        if sequence_id in mine:
+            assert http is None and grpc is None, (sequence_id, http, grpc)
+        else:
+            for refusal in (http, grpc):
+                assert refusal is not None and refusal.status == 403 and refusal.grpc_code == "PERMISSION_DENIED"
+                assert "\n" not in refusal.message and "map your IDs into it" in refusal.message
+                assert ("4294967297..8589934591" if isinstance(sequence_id, int) else "'daemon:'") in refusal.message
+
+
+def test_sequence_ids_are_read_as_triton_reads_them():
+    """A negative int64 is the uint64 Triton sets (infer_handler.cc L217-L219); a key named twice is refused
+    (Triton reads the first); a float or a bool is no ID; a learner without an account owns no number."""
+    wrapped = _grpc_sequence(0)
+    wrapped.parameters["sequence_id"].int64_param = -5  # Triton sets 2**64 - 5: UID 4294967295's range
+    assert check_grpc_params(DAEMON, wrapped).status == 403
+    assert check_grpc_params(Owner("top", (1 << 32) - 1), wrapped) is None
+    twice = (b'{"parameters":{"sequence_id":7,"sequence_id":%d},"inputs":[{"name":"INPUT0","datatype":"FP32",'
+             b'"shape":[1],"data":[1]}]}' % (SEQUENCE_SPAN + 7))
+    refusal = check_http("echo", ECHO, twice, None, lambda r: check_http_params(DAEMON, r))
+    assert refusal.status == 400 and "key twice" in refusal.message
+    hidden = (b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1099511627776],"shape":[1],"data":[1]}]}')
+    assert "key twice" in check_http("echo", ECHO, hidden).message  # outside a class too: Triton sizes the first
+    for bad in (7.0, True, None):
+        body = json.dumps({"parameters": {"sequence_id": bad}, "inputs": json.loads(_http_sequence(0)[0])["inputs"]})
+        assert check_http("echo", ECHO, body.encode(), None, lambda r: check_http_params(DAEMON, r)).status == 400
+    assert check_id(Owner("ghost", None), SEQUENCE_SPAN + 1).status == 403 and check_id(Owner("ghost", None), 0) is None
+    assert check_id(Owner("ghost", None), "ghost:1") is None
+    body, length = _http_sequence(7)
+    assert check_http("echo", ECHO, body, length, lambda r: check_http_params(None, r)) is None  # no class
+    assert check_grpc_params(None, _grpc_sequence(7)) is None

@@ -266,7 +266,8 @@ def _grpc_server(s: DoorSettings) -> list[str]:
               f'"the front door refuses this admin method without the admin key: send it as metadata '
               f"{GRPC_HEADER_PREFIX}{ADMIN_HEADER} (or run the client under lab-backends with-key)\" always; "
               "return 200; }")
-    timeouts = ["        grpc_read_timeout 3600s;", "        grpc_send_timeout 3600s;", *location_limits(s.fair_share)]
+    timeouts = ["        grpc_read_timeout 3600s;", "        grpc_send_timeout 3600s;",
+                *location_limits(s.fair_share, grpc=True)]
     proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", *timeouts]
     # The inference methods through the validating gateway, when there is one: it bounds a stream's messages.
     checked = proxy if s.gateway_grpc_port is None else ["        grpc_pass grpc://door_grpc_gateway;", *timeouts]
@@ -285,6 +286,7 @@ def _grpc_server(s: DoorSettings) -> list[str]:
         *gateway,
         "server {",
         f"    listen {s.host}:{s.grpc_port} http2;",
+        "    default_type application/grpc;  # what the door's own refusals answer as (door_share: no token)",
         # tritonserver down (restarting): gRPC UNAVAILABLE with the HTTP side's words, not nginx's bare 502.
         "    error_page 502 504 = @triton_down;",
         "    location @triton_down {",

@@ -47,6 +47,7 @@ from tritonclient.grpc import service_pb2
 
 from lab_backends.server.door_config import GatewaySettings
 from lab_backends.server.door_rules import DOOR, ModelRules, Refusal, check_grpc, check_http, parse_json
+from lab_backends.server.door_sequences import VERIFIED_HEADER, Owner, check_grpc_params, check_http_params, owner
 from lab_backends.server.repository import model_dirs, read_config
 
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
@@ -54,8 +55,9 @@ INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$")
 #: Headers of one hop only (RFC 9110 7.6.1), and those the relay recomputes.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
               "host", "content-length"}
-#: A request body goes on inflated (the gateway had to read it): its encoding goes too.
-REQUEST_DROPS = HOP_BY_HOP | {"content-encoding"}
+#: A request body goes on inflated (the gateway had to read it): its encoding goes too; nginx's word on the learner
+#: is for the gateway alone (door_sequences).
+REQUEST_DROPS = HOP_BY_HOP | {"content-encoding", VERIFIED_HEADER}
 #: Until when a model missing from the book is looked for again (a repository may gain a folder).
 RESCAN_S = 1.0
 
@@ -109,8 +111,10 @@ def _decompress(body: bytes, encoding: str, limit: int) -> tuple[bytes | None, R
     return plain, None
 
 
-def check_http_request(book: ModelBook, path: str, headers: dict[str, str], body: bytes) -> Refusal | None:
-    """The rules for one HTTP request (its path decoded): infer requests in full, other bodies' nesting."""
+def check_http_request(book: ModelBook, path: str, headers: dict[str, str], body: bytes,
+                       who: Owner | None = None) -> Refusal | None:
+    """The rules for one HTTP request (its path decoded): infer requests in full (``who``'s sequence IDs their
+    own, door_sequences), other bodies' nesting."""
     found = INFER_PATH.match(path)
     if found:
         length = headers.get("inference-header-content-length")
@@ -118,7 +122,8 @@ def check_http_request(book: ModelBook, path: str, headers: dict[str, str], body
             return Refusal(400, f"{DOOR} Inference-Header-Content-Length {length[:20]!r}: give the JSON header's "
                                 "length in bytes")
         name = found.group(1)
-        return check_http(name, book.get(name), body, int(length) if length is not None else None)
+        return check_http(name, book.get(name), body, int(length) if length is not None else None,
+                          lambda request: check_http_params(who, request))
     if body.strip():
         refusal = parse_json(body)[1]
         if refusal is not None and "nested" in refusal.message:
@@ -144,7 +149,8 @@ class HttpRelay:
                 return _refuse(refusal)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_DROPS}
         refusal = check_http_request(self.book, urllib.parse.unquote(request.raw_path.split("?", 1)[0]),
-                                     {k.lower(): v for k, v in headers.items()}, body)
+                                     {k.lower(): v for k, v in headers.items()}, body,
+                                     owner(request.headers.get(VERIFIED_HEADER)))
         if refusal:
             return _refuse(refusal)
         assert self.session is not None
@@ -194,7 +200,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             return grpc.stream_stream_rpc_method_handler(self.stream)
         return None  # nginx sends no other method here
 
-    def check(self, message: bytes) -> Refusal | None:
+    def check(self, message: bytes, who: Owner | None = None) -> Refusal | None:
         limit = self.settings.message_limit
         if len(message) > limit:
             return Refusal(413, f"{DOOR} a gRPC message of {len(message):,} bytes (at most {limit:,}): send a "
@@ -203,10 +209,10 @@ class GrpcRelay(grpc.GenericRpcHandler):
             request = service_pb2.ModelInferRequest.FromString(message)
         except DecodeError as exc:
             return Refusal(400, f"{DOOR} a gRPC message that is not a ModelInferRequest ({exc}): send tritonclient's")
-        return check_grpc(self.book.get(request.model_name), request)
+        return check_grpc(self.book.get(request.model_name), request) or check_grpc_params(who, request)
 
     async def infer(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        refusal = self.check(message)
+        refusal = self.check(message, _verified(context))
         if refusal:
             await context.abort(getattr(grpc.StatusCode, refusal.grpc_code), refusal.message)
         call = self.channel.unary_unary(GRPC_SERVICE + "ModelInfer")(
@@ -220,13 +226,13 @@ class GrpcRelay(grpc.GenericRpcHandler):
 
     async def stream(self, messages, context: grpc.aio.ServicerContext):
         refused: list[Refusal] = []
-        total = 0
+        total, who = 0, _verified(context)
 
         async def checked():
             nonlocal total
             async for message in messages:
                 total += len(message)
-                refusal = self.check(message)
+                refusal = self.check(message, who)
                 if refusal is None and total > self.settings.stream_limit:
                     refusal = Refusal(413, f"{DOOR} a stream of more than {self.settings.stream_limit:,} bytes: "
                                            "open a new stream for further requests")
@@ -260,9 +266,15 @@ class GrpcRelay(grpc.GenericRpcHandler):
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
-    """The client's metadata (admin key, learner token, ...) minus what HTTP/2 and gRPC set per hop."""
+    """The client's metadata (admin key, learner token, ...) minus what HTTP/2 and gRPC set per hop and nginx's
+    word on the learner."""
     return tuple((k, v) for k, v in context.invocation_metadata() or ()
-                 if not k.startswith((":", "grpc-")) and k not in {"content-type", "user-agent", "te"})
+                 if not k.startswith((":", "grpc-")) and k not in {"content-type", "user-agent", "te", VERIFIED_HEADER})
+
+
+def _verified(context: grpc.aio.ServicerContext) -> Owner | None:
+    """The learner nginx verified (it sets the header itself, replacing any the client sent: door_share)."""
+    return owner(next((v for k, v in context.invocation_metadata() or () if k == VERIFIED_HEADER), None))
 
 
 async def serve(settings: GatewaySettings) -> None:

@@ -20,11 +20,13 @@ them by checking what the request *claims* against what it *carries* and what th
 - **elements against the model**: at most ``max(1, max_batch_size) x`` its fixed dims, a ``-1`` dim
   counted so that the whole input may hold :data:`VARIABLE_ELEMENTS` (lesson 01's exercise sends
   ``1 << 21`` float32 to ``echo``: the largest legitimate request of the lessons) -> 413 past it.
+- **one key once**: an infer request's JSON object naming a key twice -> 400 (Triton reads the first,
+  Python the last: the door would check another shape than Triton sizes).
 - **gRPC** (:func:`check_grpc`): the same on tritonclient's own ``ModelInferRequest`` protobuf: raw
   contents per input, or typed contents counted per element.
 
 A :class:`Refusal` is one line: what was wrong and the fix. HTTP answers it with its ``status``
-(400 or 413), gRPC with :attr:`Refusal.grpc_code` (INVALID_ARGUMENT, RESOURCE_EXHAUSTED for size).
+(400, 403 or 413), gRPC with :attr:`Refusal.grpc_code` (INVALID_ARGUMENT, PERMISSION_DENIED, RESOURCE_EXHAUSTED).
 The gateway (:mod:`lab_backends.server.door_gateway`) applies these rules; a unit test needs no server.
 """
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -69,8 +71,9 @@ class Refusal:
 
     @property
     def grpc_code(self) -> str:
-        """The ``grpc.StatusCode`` name: RESOURCE_EXHAUSTED for size, INVALID_ARGUMENT otherwise."""
-        return "RESOURCE_EXHAUSTED" if self.status == 413 else "INVALID_ARGUMENT"
+        """The ``grpc.StatusCode`` name: RESOURCE_EXHAUSTED for size, PERMISSION_DENIED for another's, else
+        INVALID_ARGUMENT."""
+        return {413: "RESOURCE_EXHAUSTED", 403: "PERMISSION_DENIED"}.get(self.status, "INVALID_ARGUMENT")
 
 
 def _bad(message: str) -> Refusal:
@@ -130,14 +133,24 @@ def nesting_depth(body: bytes) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
-def parse_json(body: bytes, what: str = "body") -> tuple[Any, Refusal | None]:
-    """``body`` parsed by the standard :mod:`json` module once its nesting is known to be bounded."""
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    """An object naming a key twice: Triton's parser (rapidjson's ``FindMember``) reads the first, Python's the
+    last, so the door would check another request than Triton runs (a huge ``shape`` hidden behind a small one)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError(f"an object names a key twice ({', '.join(k for k, _ in pairs)[:60]})")
+    return found
+
+
+def parse_json(body: bytes, what: str = "body", strict: bool = False) -> tuple[Any, Refusal | None]:
+    """``body`` parsed by the standard :mod:`json` module once its nesting is known to be bounded;
+    ``strict``: an object with a key twice is refused (:func:`_no_duplicates`)."""
     depth = nesting_depth(body)
     if depth > MAX_DEPTH:
         return None, _bad(f"a JSON {what} nested {depth} deep (at most {MAX_DEPTH}): Triton 2.51 crashes on deep "
                           "nesting; send tensors with their shape and flat data")
     try:
-        return json.loads(body), None
+        return json.loads(body, object_pairs_hook=_no_duplicates if strict else None), None
     except (ValueError, RecursionError) as exc:
         return None, _bad(f"a {what} that is not valid JSON ({str(exc)[:80]}): send the KServe v2 JSON "
                           "(tritonclient writes it)")
@@ -189,15 +202,16 @@ def _count_values(data: Any) -> int:
     return count
 
 
-def check_http(model_name: str, model: ModelRules | None, body: bytes,
-               header_length: int | None = None) -> Refusal | None:
+def check_http(model_name: str, model: ModelRules | None, body: bytes, header_length: int | None = None,
+               also: Callable[[dict], Refusal | None] | None = None) -> Refusal | None:
     """A KServe v2 HTTP infer request (``POST /v2/models/<m>/infer``): JSON, or binary when the
-    ``Inference-Header-Content-Length`` header gives ``header_length``."""
+    ``Inference-Header-Content-Length`` header gives ``header_length``; ``also``, a further rule on the
+    parsed request (a class's sequence IDs: :mod:`lab_backends.server.door_sequences`)."""
     if header_length is not None and not 0 < header_length <= len(body):
         return _bad(f"Inference-Header-Content-Length {header_length} for a body of {len(body)} bytes: it must "
                     "give the length of the JSON header at the body's start")
     header = body[:header_length] if header_length is not None else body
-    request, refusal = parse_json(header, "request header" if header_length is not None else "request")
+    request, refusal = parse_json(header, "request header" if header_length is not None else "request", strict=True)
     if refusal:
         return refusal
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
@@ -230,7 +244,7 @@ def check_http(model_name: str, model: ModelRules | None, body: bytes,
         after = len(body) - header_length
         return _bad(f"binary_data_size of the inputs adds up to {binary_total:,} bytes but {after:,} follow the "
                     "header: give each binary input its exact size")
-    return None
+    return also(request) if also else None
 
 
 def _check_carried(model_name: str, name: str, datatype: str, shape: list[int], params: dict, tensor: dict,

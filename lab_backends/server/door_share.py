@@ -2,7 +2,13 @@
 
 A request is a learner's when its ``lab-learner-token`` is the one ``secure_link_md5`` computes from
 its ``lab-learner`` name and the class's secret (:mod:`lab_backends.learner`); anything else counts
-as ``-``, one share for everything anonymous. Per learner: at most ``in_flight`` requests at once
+as ``-``. In a class the door refuses a ``-`` request (HTTP 401, gRPC ``UNAUTHENTICATED``, with how a
+learner's requests carry their token), unless it holds the admin key (the instructor's tools) or only
+asks whether the server or a model is ready (``GET /v2/health/*``, ``/v2/models/<m>/ready``, gRPC
+``ServerLive``/``ServerReady``/``ModelReady``: the supervisor's and the class tests' checks): a learner
+who drops their token no longer gets a second share, the anonymous one, beside their own.
+
+Per learner: at most ``in_flight`` requests at once
 (``limit_conn``; HTTP/2 counts each stream, so a gRPC channel's concurrent calls count too); past
 that, 429 / ``RESOURCE_EXHAUSTED`` at once. And ``rate`` requests a second: up to ``burst`` requests
 over it wait at the door and go on at that pace (``limit_req ... burst``, no ``nodelay``), more are
@@ -16,6 +22,10 @@ waiting for it sleeps: neither takes CPU. The default rate (1000 a second) keeps
 on the shared server true: its 8 requests in flight, released 1 ms apart, still meet within the
 digits models' 2 ms batching delay (500 a second, 2 ms apart, was the fairer share measured, but
 left no margin there).
+
+Who nginx verified goes to the validating gateway in :data:`door_sequences.VERIFIED_HEADER`, set by
+nginx on every request it passes on (``proxy_set_header``/``grpc_set_header``: a client's header of that
+name is replaced, never passed), so the gateway holds each learner to their own sequence IDs.
 
 Rendered into :mod:`lab_backends.server.door_config`'s ``nginx.conf``: the ``http`` block's lines
 (:func:`learners_lines`) and those of every ``location`` that passes requests on
@@ -31,7 +41,14 @@ from pathlib import Path
 
 from lab_backends import learner
 from lab_backends.errors import FrontDoorError
-from lab_backends.learner import LEARNER_HEADER, TOKEN_HEADER
+from lab_backends.learner import LEARNER_HEADER, LEARNER_VAR, TOKEN_HEADER, TOKEN_VAR
+
+#: The gateway's header for the learner nginx verified (door_sequences.VERIFIED_HEADER; not imported: that
+#: module needs the gateway's dependencies).
+VERIFIED_HEADER = "lab-door-learner"
+#: Tokenless requests a class's door still answers: readiness checks (GET/HEAD), gRPC's three.
+READINESS = r"(GET|HEAD) /v2/(health/(live|ready)|models/[^/]+(/versions/[^/]+)?/ready)$"
+GRPC_READINESS = r"/inference\.GRPCInferenceService/(ServerLive|ServerReady|ModelReady)$"
 
 
 @dataclass(frozen=True)
@@ -90,16 +107,41 @@ def learners_lines(share: FairShare | None) -> list[str]:
         "limit_req_status 429;",
         "limit_conn_log_level warn;",
         "limit_req_log_level warn;",
+        # Module doc: a request of nobody's, without the admin key and not a readiness check, is refused.
+        'map "$door_learner:$door_http_key_ok:$request_method $uri" $door_http_anonymous {',
+        "    default 0;",
+        f'    "~^-:0:{READINESS}" 0;',
+        '    "~^-:0:" 1;',
+        "}",
+        'map "$door_learner:$door_grpc_key_ok:$uri" $door_grpc_anonymous {',
+        "    default 0;",
+        f'    "~^-:0:{GRPC_READINESS}" 0;',
+        '    "~^-:0:" 1;',
+        "}",
     ]
 
 
-def location_limits(share: FairShare | None) -> list[str]:
-    """The fair-share lines of a ``location`` that passes requests on to tritonserver."""
+def location_limits(share: FairShare | None, grpc: bool = False) -> list[str]:
+    """The lines of a ``location`` that passes requests on: who nginx verified, for the gateway (the client's
+    header of that name replaced); in a class, the refusal of tokenless requests and each learner's share."""
+    verified = [f"        proxy_set_header {VERIFIED_HEADER} $door_learner;",
+                f"        grpc_set_header {VERIFIED_HEADER} $door_learner;"]
     if share is None:
-        return []
-    return [f"        limit_conn door_in_flight {share.in_flight};",
+        return verified
+    grpc_refusal = ["        if ($door_grpc_anonymous) { add_header grpc-status 16 always; "
+                    f'add_header grpc-message "{NO_TOKEN}" always; return 200; }}']
+    http_refusal = [f"""        if ($door_http_anonymous) {{ return 401 '{{"error":"{NO_TOKEN}"}}'; }}"""]
+    refuse = grpc_refusal if grpc else http_refusal
+    return [*verified, *refuse,
+            f"        limit_conn door_in_flight {share.in_flight};",
             f"        limit_req zone=door_rate burst={share.burst};" if share.burst else
             "        limit_req zone=door_rate;"]
+
+
+#: The refusal of a request without a learner's token, in a class (module doc).
+NO_TOKEN = (f"the front door of this class refuses requests without a learner token: your JupyterLab sends yours "
+            f"(its {LEARNER_VAR} and {TOKEN_VAR}, added to every tritonclient call and rest.request); elsewhere "
+            f"send them as headers {LEARNER_HEADER} and {TOKEN_HEADER}, or the admin key")
 
 
 def too_many(share: FairShare) -> str:
