@@ -85,9 +85,10 @@ def door(tmp_path_factory):
 def test_a_learner_is_named_in_the_log_only_with_their_own_token(door):
     ada = door.headers("ada")
     assert door.infer("ada")[0] == 200
-    assert door.infer("ada", token=learner.token_for(door.secret, "bob"))[0] == 200  # bob's token: anonymous
-    time.sleep(1.0 / RATE + 0.1)  # the anonymous share's rate, like anyone's
-    assert door.infer("ada", token=learner.token_for("another-class-secret-0123456789", "ada"))[0] == 200
+    # bob's token, or another class's: nobody's, refused in a class (issue 46: no anonymous share beside one's own)
+    assert door.infer("ada", token=learner.token_for(door.secret, "bob"))[0] == 401
+    time.sleep(1.0 / RATE + 0.1)
+    assert door.infer("ada", token=learner.token_for("another-class-secret-0123456789", "ada"))[0] == 401
     lines = door.logged("POST /v2/models/rel_double/infer", 3)
     assert [line.split("learner=")[1].split()[0] for line in lines[-3:]] == ["ada", "-", "-"], lines
     assert ada[learner.TOKEN_HEADER] not in door.access_log.read_text()  # the token is never logged
