@@ -84,17 +84,27 @@ def test_the_direct_audit_judges_the_skeleton_as_shipped_not_the_learners_copy()
     assert shipped("exercises/other.c") == "exercises/other.c" and shipped(None) is None
 
 
-def test_an_old_whole_backend_answer_is_told_the_format_changed_and_how_to_reset(tmp_path) -> None:
-    """A learner who completed the old tf_gather_scatter.c (all of lab_tensorflow in one file, as handed out
-    before the file held only gather() and scatter()) keeps that file: set-up never overwrites it. Its check
-    says the format changed and names the reset; the new skeleton's comments naming Execute do not count."""
+OLD_FORMAT = {  # a function of the rest of the backend, as the old whole-backend files defined it
+    "tf_gather_scatter": ("TRITONBACKEND_ModelInstanceExecute",
+                          "TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(\n    TRITONBACKEND_ModelInstance* "
+                          "instance, TRITONBACKEND_Request** requests, uint32_t count) {\n  return NULL;\n}\n"),
+    "one_tenant_per_batch": ("request_tenant",
+                             "static TRITONSERVER_Error* request_tenant(TRITONBACKEND_Request* request, "
+                             "const char** tenant) {\n  *tenant = \"\";\n  return NULL;\n}\n"),
+}
+
+
+@pytest.mark.parametrize("module", [native_exercise, batch_strategy], ids=["tf", "tenant"])
+def test_an_old_whole_backend_answer_is_told_the_format_changed_and_how_to_reset(tmp_path, module) -> None:
+    """A learner who completed an old exercise file (the whole backend or strategy in one file, as handed out
+    before the file held only the functions to write) keeps that file: set-up never overwrites it. Its check
+    says the format changed and names the reset; a comment naming such a function does not count."""
     handout.hand_out(tmp_path)
-    mine = native_exercise.HANDOUT.in_notebooks(tmp_path)
-    mine.write_text(mine.read_text() + "\nTRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(\n"
-                    "    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) {\n"
-                    "  return NULL;\n}\n")
-    with pytest.raises(ExerciseError, match=r"defines TRITONBACKEND_ModelInstanceExecute\(\): it is the whole backend.*"
-                                            r"`lab-backends exercises reset tf_gather_scatter`.*\.bak"):
-        native_exercise.read_answer(mine)
-    assert handout.old_format(native_exercise.SKELETON.read_text(), native_exercise.HANDOUT) is None
-    assert handout.old_format("/* TRITONBACKEND_ModelInstanceExecute(...) runs it */", native_exercise.HANDOUT) is None
+    function, definition = OLD_FORMAT[module.NAME]
+    mine = module.HANDOUT.in_notebooks(tmp_path)
+    mine.write_text(mine.read_text() + "\n" + definition)
+    with pytest.raises(ExerciseError, match=rf"defines {function}\(\): it is the whole backend.*"
+                                            rf"`lab-backends exercises reset {module.NAME}`.*\.bak"):
+        module.read_answer(mine)
+    assert handout.old_format(module.SKELETON.read_text(), module.HANDOUT) is None
+    assert handout.old_format(f"/* {function}(...) is given */", module.HANDOUT) is None

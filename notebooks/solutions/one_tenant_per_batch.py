@@ -1,5 +1,7 @@
-"""Reference solution of notebook 09b's exercise: the completed strategy is one_tenant_per_batch.c, beside this file."""
+"""Reference solution of notebook 09b's exercise: the batches of strategy tenant_batching, the strategy's own
+file c_backends/batching/tenant_batching/tenant_batching.c (one source: set-up builds it as a strategy with
+c_backends/include/tenant_batching.h, and the checker builds an answer with that header the same way)."""
 
-from pathlib import Path
+from lab_backends.server.cbackend import STRATEGIES_DIR
 
-answer = Path(__file__).with_name("one_tenant_per_batch.c")
+answer = STRATEGIES_DIR / "tenant_batching" / "tenant_batching.c"

@@ -1,7 +1,10 @@
 """Audit cases of ``one_tenant_per_batch`` (notebook 09b): the learner's batching strategy in C.
 
-Each wrong answer is the reference with one fault put in (written to a scratch folder that lives as
-long as the process); the checks that catch them read the source, build it, or serve it.
+The reference is the strategy's own file, c_backends/batching/tenant_batching/tenant_batching.c (its
+batches; request_tenant and the batcher's two functions are c_backends/include/tenant_batching.h, which
+every answer includes). Each wrong answer is the reference with one fault put in (written to a scratch
+folder that lives as long as the process); the checks that catch them read the source, build it, or
+serve it.
 """
 
 from lab_backends.lessons.exercises import batch_strategy
@@ -63,8 +66,11 @@ WRONG = [
                     "  LAB_RETURN_IF_ERROR(request_tenant(request, &tenant));\n"
                     "  if (tenant[0] == '\\0') {\n    *should_include = false;\n    return NULL;\n  }\n")),
           r"never answered .*Always include a batch's first request"),
-    Wrong("a request without a tenant gives NULL, and strdup(NULL) kills the server",
-          _variant("null_tenant", ('  *tenant = "";\n  uint32_t count', "  *tenant = NULL;\n  uint32_t count")),
+    Wrong("compares with the batch's tenant before the first request gave it one: strcmp(NULL, tenant)",
+          _variant("compares_before_copy", ("  if (batch->requests == 0) {\n    batch->tenant = strdup(tenant);",
+                                            "  *should_include = strcmp(batch->tenant, tenant) == 0 || "
+                                            "batch->requests == 0;\n"
+                                            "  if (batch->requests == 0) {\n    batch->tenant = strdup(tenant);")),
           r"AddressSanitizer found a SEGV .* at \w+\.c:\d+.*Check every pointer before use"),
     Wrong("an unused variable (a warning, so -Werror fails the build)",
           _variant("warning", ("  Batch* batch = userp;\n  if (batch != NULL) {",

@@ -12,59 +12,20 @@
  * tenant "" (a group of its own). A batch holds the requests of one tenant only: the first request
  * of a batch decides its tenant, and the batch closes at the first queued request of another one.
  *
- * Helpers you may use (include/lab_backend_util.h, next to this file): lab_errorf, LAB_RETURN_IF_ERROR,
- * LAB_LOG; request_tenant below. The API: include/lab_triton.h (its last section).
+ * This file holds the strategy's batches, the three functions Triton calls per batch. The rest, built
+ * with it, is include/tenant_batching.h (next to this file): request_tenant, which reads a request's
+ * tenant, and the two functions Triton calls once per load, which this strategy does not need.
+ *
+ * Helpers you may use (include/lab_backend_util.h and include/tenant_batching.h): lab_errorf,
+ * LAB_RETURN_IF_ERROR, LAB_LOG, request_tenant, STRATEGY. The API: include/lab_triton.h (its last
+ * section).
  */
-#include "lab_backend_util.h"
-
-#define STRATEGY "tenant_batching"
-#define KEY "tenant"
+#include "tenant_batching.h"
 
 /* One batch being formed. TODO(exercise): what must a batch remember to refuse another tenant? */
 typedef struct {
   uint32_t requests; /* included so far */
 } Batch;
-
-/* The request's tenant: its "tenant" string parameter, or "" when it has none. The text belongs to
- * the request (it lives as long as the request does): copy it to keep it. */
-static LAB_UNUSED TRITONSERVER_Error* request_tenant(TRITONBACKEND_Request* request, const char** tenant) {
-  *tenant = "";
-  uint32_t count = 0;
-  LAB_RETURN_IF_ERROR(TRITONBACKEND_RequestParameterCount(request, &count));
-  for (uint32_t i = 0; i < count; ++i) {
-    const char* key = NULL;
-    TRITONSERVER_ParameterType type = TRITONSERVER_PARAMETER_INT;
-    const void* value = NULL;
-    LAB_RETURN_IF_ERROR(TRITONBACKEND_RequestParameter(request, i, &key, &type, &value));
-    if (strcmp(key, KEY) == 0 && type == TRITONSERVER_PARAMETER_STRING) {
-      *tenant = value;
-      return NULL;
-    }
-  }
-  return NULL;
-}
-
-TRITONSERVER_Error* TRITONBACKEND_ModelBatcherInitialize(TRITONBACKEND_Batcher** batcher,
-                                                         TRITONBACKEND_Model* model) {
-  (void)model;
-  *batcher = NULL; /* nothing to share between batches: no parameters to read */
-  return NULL;
-}
-
-TRITONSERVER_Error* TRITONBACKEND_ModelBatcherFinalize(TRITONBACKEND_Batcher* batcher) {
-  (void)batcher; /* BatcherInitialize allocated nothing */
-  return NULL;
-}
-
-TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batcher* batcher, void** userp) {
-  (void)batcher;
-  Batch* batch = calloc(1, sizeof *batch);
-  *userp = batch;
-  if (batch == NULL) {
-    return lab_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory for a batch", STRATEGY);
-  }
-  return NULL;
-}
 
 TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(TRITONBACKEND_Request* request, void* userp,
                                                            bool* should_include) {
@@ -81,4 +42,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp) {
   /* TODO(exercise): free what this batch allocated (this frees the Batch only). */
   free(userp);
   return NULL;
+}
+
+/* Given: each batch's state, a zeroed Batch (what you add to it starts as 0 or NULL). */
+TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batcher* batcher, void** userp) {
+  (void)batcher;
+  *userp = calloc(1, sizeof(Batch)); /* zeroed: no requests yet */
+  return *userp != NULL ? NULL : lab_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: no memory", STRATEGY);
 }
