@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 import pytest
+from adversary_checks import adversary
 from browser.test_lab_in_browser import (
     ARTIFACTS,
     CHROMIUM,
@@ -353,6 +354,13 @@ def _learner_servers(room: Any) -> dict[str, int]:
     return {p.info["username"]: p.pid for p in psutil.process_iter(["username", "cmdline"])
             if p.info["username"] in room.learners and p.name() != "dumb-init"
             and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])}
+
+
+def test_a_curious_learners_attacks_on_the_door_are_refused_while_another_works(classroom: Any) -> None:
+    """#46: as A, the crashers, a 256 MiB stream message, B's sequence IDs (inject, START, END; HTTP, gRPC, a
+    stream) and tokenless requests are each refused or bounded; C's requests meanwhile are >= 99% answered,
+    tritonserver and its stubs are the same processes, every model is ready and B's running mean is B's (~15 s)."""
+    adversary(classroom, _learner_servers(classroom), _shared_triton)
 
 
 #: Per restart: serve's backoff (1, 2, 4, 8, 16 s for five kills within a minute) plus a start with two models.
