@@ -277,7 +277,7 @@ def test_tune_the_batcher_forced_re_measures_and_judges_the_second_run(fresh, mo
     fresh clone's audit beside a one-core hog did), so a fault in it would wait for that day.
     """
     monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
-    message = get("tune_the_batcher").checker({"dynamic_batching": {}}, fresh)
+    message = get("tune_the_batcher").checker({"max_batch_size": 16, "dynamic_batching": {}}, fresh)
     out = capsys.readouterr().out
     assert "LAB_FORCE_REMEASURE=1: re-measuring once over a 1x window" in out
     assert "fast and within the p99 bound" in message

@@ -361,19 +361,9 @@ EXERCISE_NAMES = sorted(exercises.EXERCISES)
 #: Findings of this test that a person read and kept, each (notebook, what shows it, which reference) and
 #: why; matched exactly, so any other finding fails, and an entry that no longer occurs fails too (delete it).
 ACCEPTED = {
-    # Notebook 09 reads scale.c's ModelFinalize (three lines: get the model state, free it) to teach who
-    # owns the state; clip.c's TODO(exercise) 2 spells the same two steps in its comment, so the clip
-    # exercise asks nothing here that the skeleton does not already say.
+    # 09 shows scale.c's 3-line ModelFinalize (get the state, free it); clip.c's TODO 2 already spells those steps.
     ("notebooks/09_backend_c_api.ipynb", "show(SCALE, 'TRITONBACKEND_ModelFinalize')",
-     "c_backends/clip/clip.c:TRITONBACKEND_ModelFinalize"),
-    # 09 shows scale.c's Execute, whose failed send (log the error, ErrorDelete it, never ResponseDelete the
-    # response) is section 4's ownership rule; clip.c's TODO 4 (send_response, 4 lines) asks to apply that rule.
-    ("notebooks/09_backend_c_api.ipynb", "show(SCALE, 'TRITONBACKEND_ModelInstanceExecute')",
-     "c_backends/clip/clip.c:send_response"),
-    # Notebook 03's section 1 measures the plain `dynamic_batching { }` against the default scheduler:
-    # the lesson's subject. The exercise's reference is that same plain batcher (its docstring: measured,
-    # it already meets the p99 bound), so the value appears above the exercise as the thing taught.
-    ("notebooks/03_schedulers_and_dynamic_batching.ipynb", "a code literal", "{'dynamic_batching': {}}"),
+     "notebooks/solutions/clip_backend.c:TRITONBACKEND_ModelFinalize"),
 }
 
 
