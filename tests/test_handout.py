@@ -88,13 +88,16 @@ OLD_FORMAT = {  # a function of the rest of the backend, as the old whole-backen
     "tf_gather_scatter": ("TRITONBACKEND_ModelInstanceExecute",
                           "TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(\n    TRITONBACKEND_ModelInstance* "
                           "instance, TRITONBACKEND_Request** requests, uint32_t count) {\n  return NULL;\n}\n"),
+    "clip_backend": ("TRITONBACKEND_ModelInstanceExecute",
+                     "TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(\n    TRITONBACKEND_ModelInstance* "
+                     "instance, TRITONBACKEND_Request** requests, uint32_t count) {\n  return NULL;\n}\n"),
     "one_tenant_per_batch": ("request_tenant",
                              "static TRITONSERVER_Error* request_tenant(TRITONBACKEND_Request* request, "
                              "const char** tenant) {\n  *tenant = \"\";\n  return NULL;\n}\n"),
 }
 
 
-@pytest.mark.parametrize("module", [native_exercise, batch_strategy], ids=["tf", "tenant"])
+@pytest.mark.parametrize("module", [native_exercise, batch_strategy, c_lab], ids=["tf", "tenant", "clip"])
 def test_an_old_whole_backend_answer_is_told_the_format_changed_and_how_to_reset(tmp_path, module) -> None:
     """A learner who completed an old exercise file (the whole backend or strategy in one file, as handed out
     before the file held only the functions to write) keeps that file: set-up never overwrites it. Its check

@@ -363,7 +363,11 @@ EXERCISE_NAMES = sorted(exercises.EXERCISES)
 ACCEPTED = {
     # 09 shows scale.c's 3-line ModelFinalize (get the state, free it); clip.c's TODO 2 already spells those steps.
     ("notebooks/09_backend_c_api.ipynb", "show(SCALE, 'TRITONBACKEND_ModelFinalize')",
-     "notebooks/solutions/clip_backend.c:TRITONBACKEND_ModelFinalize"),
+     "c_backends/clip/clip.c:TRITONBACKEND_ModelFinalize"),
+    # 09 shows scale.c's Execute, whose failed send (log the error, ErrorDelete it, never ResponseDelete the
+    # response) is section 4's ownership rule; clip.c's TODO 4 (send_response, 4 lines) asks to apply that rule.
+    ("notebooks/09_backend_c_api.ipynb", "show(SCALE, 'TRITONBACKEND_ModelInstanceExecute')",
+     "c_backends/clip/clip.c:send_response"),
 }
 
 

@@ -1,16 +1,19 @@
 """Notebook 09's exercise: a C backend ``clip`` written by the learner, checked on a real server.
 
 The learner completes ``exercises/clip.c`` next to the notebook, in place (a skeleton with
-``TODO(exercise)`` marks, handed out by set-up: :mod:`lab_backends.lessons.handout`); :func:`check_clip_answer`
-then does what a reviewer and a test server would:
+``TODO(exercise)`` marks, handed out by set-up: :mod:`lab_backends.lessons.handout`): the four functions
+of backend ``clip`` the exercise asks for; the rest of it, ``TRITONBACKEND_ModelInstanceExecute``
+included, is ``c_backends/include/clip_backend.h``, which the file includes (the backend's own
+``c_backends/clip/clip.c`` is the reference answer). :func:`check_clip_answer` then does what a reviewer
+and a test server would:
 
 1. reads the source: the skeleton as shipped (compared with the package's copy, never with the file
    being edited) -> "not attempted"; then the ownership rules a reviewer
    would insist on, each refused with its line: a response deleted after it was sent (the double
    free the lab's own backends used to have), the error of a failed send never freed, a
    ``ModelFinalize`` that does not free the state ``ModelInitialize`` set (:mod:`.c_source`);
-2. builds it with ``gcc -Wall -Wextra -Werror`` and ``-Wl,-z,defs`` (:mod:`lab_backends.server.cbackend`),
-   so warnings and misspelled API names fail the check at build time;
+2. builds it (with the header's rest) with ``gcc -Wall -Wextra -Werror`` and ``-Wl,-z,defs``
+   (:mod:`lab_backends.server.cbackend`), so warnings and misspelled API names fail the check at build time;
 3. serves it on a server *of its own* (a segfaulting backend must not take the learner's server
    down) with bounds drawn at random (a hard-coded answer cannot pass), and checks: a bound that
    is not a number, a missing bound and ``lo > hi`` each fail the load with a reason naming the

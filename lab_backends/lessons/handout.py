@@ -60,7 +60,7 @@ class Handout:
         return notebooks_dir / EXERCISES_SUBDIR / self.filename
 
 
-HANDOUTS = (Handout("clip_backend", "clip.c"),
+HANDOUTS = (Handout("clip_backend", "clip.c", rest=("TRITONBACKEND_ModelInstanceExecute", "read_bound")),
             Handout("one_tenant_per_batch", "tenant_batching.c",
                     rest=("request_tenant", "TRITONBACKEND_ModelBatcherInitialize")),
             Handout("tf_gather_scatter", "tf_gather_scatter.c",

@@ -1,5 +1,7 @@
 """Audit cases of ``clip_backend`` (notebook 09): the learner's C backend ``clip``.
 
+The reference is the backend's own file, c_backends/clip/clip.c (the four functions the exercise asks
+for; the rest, Execute included, is c_backends/include/clip_backend.h, which every answer includes).
 Each wrong answer is the reference with one fault put in (written to a scratch folder that lives
 as long as the process); the checks that catch them read the source, build, or serve it.
 """
@@ -14,7 +16,7 @@ _file, _variant = _SOURCES.file, _SOURCES.variant
 LOOP = "    for (uint64_t k = 0; k < input.elements; ++k) out[k] = fminf(fmaxf(data[k], bounds->lo), bounds->hi);"
 
 SEND_FAILED = ('LAB_LOG(TRITONSERVER_LOG_ERROR, "%s: send failed: %s", BACKEND, TRITONSERVER_ErrorMessage(err));\n'
-               '      TRITONSERVER_ErrorDelete(err);\n      continue;')
+               '    TRITONSERVER_ErrorDelete(err);\n    return false;')
 
 WRONG = [
     Wrong("accepts lo > hi", _variant("no_order", ("if (bounds.lo > bounds.hi) {", "if (0) {")),
@@ -27,10 +29,10 @@ WRONG = [
           r"set \*items to the request's first dimension"),
     Wrong("deletes a response after sending it",
           _variant("double_free", (SEND_FAILED, SEND_FAILED.replace(
-              "continue;", "TRITONBACKEND_ResponseDelete(response);\n      continue;"))),
+              "return false;", "TRITONBACKEND_ResponseDelete(response);\n    return false;"))),
           r"ResponseDelete.*Triton's"),
     Wrong("never frees the error of a failed send",
-          _variant("leaks_error", (SEND_FAILED, SEND_FAILED.replace("TRITONSERVER_ErrorDelete(err);\n      ", ""))),
+          _variant("leaks_error", (SEND_FAILED, SEND_FAILED.replace("TRITONSERVER_ErrorDelete(err);\n    ", ""))),
           r"never passed to TRITONSERVER_ErrorDelete"),
     Wrong("clamps only from below",
           _variant("half_clamp", ("fminf(fmaxf(data[k], bounds->lo), bounds->hi)", "fmaxf(data[k], bounds->lo)")),
@@ -44,7 +46,7 @@ WRONG = [
           _variant("freed_before_use", (LOOP, "    free(data);\n" + LOOP), ("  }\n  free(data);\n", "  }\n")),
           r"AddressSanitizer found a heap-use-after-free \(READ of size 4.*\) in [\w_]+\(\) at [\w.-]+\.c:\d+"),
     Wrong("an unused variable (a warning, so -Werror fails the build)",
-          _variant("warning", ("uint64_t batch_size = 0;", "uint64_t batch_size = 0;\n  int unused = 0;")),
+          _variant("warning", ("  float* out = NULL;\n", "  float* out = NULL;\n  int unused = 0;\n")),
           r"does not build.*unused variable"),
 ]
 
@@ -63,14 +65,11 @@ ALTERNATIVES = [
          "  TRITONSERVER_ErrorDelete(error);\n}\n\n"
          "TRITONSERVER_Error* TRITONBACKEND_ModelFinalize("),
         ("  free(state);\n  return NULL;\n}", "  release_bounds(state);\n  return NULL;\n}"),
-        (SEND_FAILED, "drop_error(err);\n      continue;"),
+        (SEND_FAILED, "drop_error(err);\n    return false;"),
     ),
-    # Reports its batch 0.2 s after sending the responses: a client holds every answer before the
-    # statistics change, and the checker must wait for them (it once read them too early).
-    _variant(
-        "late_statistics",
-        ("  if (batch_size > 0) {\n    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics(",
-         "  struct timespec pause = {0, 200000000};\n  nanosleep(&pause, NULL);\n"
-         "  if (batch_size > 0) {\n    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics("),
-    ),
+    # Clamps with comparisons instead of fminf/fmaxf (NaN was refused before: no third case).
+    _variant("comparisons", (LOOP, "    for (uint64_t k = 0; k < input.elements; ++k) {\n"
+                                   "      float x = data[k];\n"
+                                   "      out[k] = x < bounds->lo ? bounds->lo : x > bounds->hi ? bounds->hi : x;\n"
+                                   "    }")),
 ]
