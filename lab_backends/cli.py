@@ -27,7 +27,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from lab_backends import charlm, digits
@@ -39,10 +38,10 @@ from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server import admin, bundle, cbackend, free_quarantine, front_door, limits, native_backends, netns
-from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed, supervise
+from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed
 from lab_backends.server.door_share import add_share_arguments, share_limits
 from lab_backends.server.ports import free_ports
-from lab_backends.server.stub_health import StubWatch
+from lab_backends.server.standby import keep_serving, serving, spare_for
 from lab_backends.server.triton_server import TritonServer
 
 
@@ -58,8 +57,10 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
     # The door's ports first, then (root) a network namespace of its own for tritonserver, before any thread.
-    if args.learner_secret_file and not args.front_door:
-        raise LabBackendsError("--learner-secret-file shares the front door among learners: add --front-door")
+    for flag, given in (("--learner-secret-file shares the front door among learners", args.learner_secret_file),
+                        ("--standby puts a second tritonserver behind the front door", args.standby)):
+        if given and not args.front_door:
+            raise LabBackendsError(f"{flag}: add --front-door")
     secret_file = args.learner_secret_file
     share = front_door.read_fair_share(secret_file, share_limits(args)) if secret_file else None
     ports = netns.public_ports(args.http_port, args.grpc_port, args.metrics_port) if args.front_door else None
@@ -73,13 +74,14 @@ def _serve(args: argparse.Namespace) -> int:
         # Only the door reaches an isolated tritonserver: the key is the door's, none on Triton's command line.
         **({**admin_options, "restricted_apis": ()} if ports and ports.isolated else admin_options),
     )
-    with server, contextlib.ExitStack() as stack:
+    spare = spare_for(server) if args.standby else None
+    with serving(server, spare), contextlib.ExitStack() as stack:
         door = stack.enter_context(front_door.door_for(
             server, ports, front_door.DoorAccess.from_serve_options(admin_options), server.log_path.parent / "door",
-            share,
+            share, standby=spare,
         )) if ports else None
         print(f"Triton is ready (pid {server.pid})", flush=True)
-        for line in front_door.banner(door, server) if door else [
+        for line in front_door.banner(door, server, spare) if door else [
             f"  HTTP/REST : http://{server.http_url}", f"  gRPC      : {server.grpc_url}",
             f"  metrics   : {server.metrics_url}",
         ]:
@@ -93,14 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
         elif args.admin_key_file:
             admin.write_key_file(args.admin_key_file, server.admin_key)
         print("\n".join([*admin.banner(args.admin_key_file, args.open_admin_apis), "  Ctrl-C stops"]), flush=True)
-        stop_requested = False
-        try:
-            if args.restart:  # no bound: never gives up; StubWatch reloads a model whose Python stub died
-                supervise(server, report=lambda m: print(m, file=sys.stderr, flush=True), tick=StubWatch(server).tick)
-                stop_requested = True  # it returns only on Ctrl-C
-            else:
-                while server.is_running():
-                    time.sleep(0.5)
+        try:  # --restart: never gives up, and reloads a model whose Python stub died (stub_health)
+            stop_requested = keep_serving(server, spare, args.restart, front_door.servers_file(door),
+                                          lambda m: print(m, file=sys.stderr, flush=True))
         except (KeyboardInterrupt, _StopRequested):
             stop_requested = True
         if not stop_requested:
@@ -280,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="put Debian's nginx before tritonserver (make door-deps): it takes --http-port and "
                        "--grpc-port, refuses form-encoded bodies, bodies over the served models' largest request "
                        "and names with '..', and checks the admin key itself; tritonserver gets ports of its own")
+    serve.add_argument("--standby", action="store_true", help="a second tritonserver behind the front door takes "
+                       "over at once when one crashes (implies --restart; twice the memory): docs/reliability.md")
     add_share_arguments(serve)
     serve.add_argument("--restricted-apis", metavar="A,B",
                        help="the APIs behind the key (default: all). A class keeps statistics open: "

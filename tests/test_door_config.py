@@ -95,3 +95,25 @@ def test_a_share_nginx_cannot_hold_is_refused_with_the_fix(share):
 def test_a_key_nginx_cannot_quote_is_refused_with_the_fix(tmp_path):
     with pytest.raises(FrontDoorError, match="URL-safe characters only"):
         render(_settings(tmp_path, admin_key='a"; return 200; #'))
+
+
+def test_under_standby_every_request_goes_through_the_gateway_and_metrics_fall_back(tmp_path):
+    """``serve --standby`` (server/door_upstreams.py): the gateway alone chooses between the two tritonservers, so
+    nginx sends it every HTTP method and every gRPC method; the metrics page tries the first server, then the second."""
+    try:
+        nginx = nginx_binary()
+    except FrontDoorError as exc:
+        pytest.skip(str(exc))
+    settings = _settings(tmp_path, gateway_http_port=18006, gateway_grpc_port=18007, standby_metrics_port=18008)
+    for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (tmp_path / temp).mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(render(settings))
+    check = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(settings.error_log)],
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    text = conf.read_text()
+    assert "default door_gateway;" in text and "grpc_pass grpc://127.0.0.1:18003" not in text
+    assert "server 127.0.0.1:18008 backup max_fails=0;" in text and "proxy_pass http://door_metrics;" in text
+    plain = render(_settings(tmp_path, gateway_http_port=18006, gateway_grpc_port=18007))
+    assert "default door_triton;" in plain and "grpc_pass grpc://127.0.0.1:18003" in plain and "backup" not in plain

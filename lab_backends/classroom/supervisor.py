@@ -4,8 +4,9 @@ Why a supervisor of our own: ``make class`` must leave nothing behind after Ctrl
 ``make class-stop``, on a machine where other people run things too. So nothing is stopped by name:
 the supervisor starts two children, each in its own session, and remembers their PIDs:
 
-1. ``lab-backends serve --restart --front-door`` (the shared Triton: its own watchdog stops
-   tritonserver and its stubs and removes their ``/dev/shm`` regions), with a fresh admin key
+1. ``lab-backends serve --restart --front-door --standby`` (the shared Triton: two tritonservers behind
+   the door, so a crash costs the class under a second (``server/standby.py``); its own watchdog stops
+   each tritonserver and its stubs and removes their ``/dev/shm`` regions), with a fresh admin key
    written to a root-only file and the APIs of deploy/triton restricted. Learners reach it through
    the door (nginx, ``server/front_door.py``), which holds the class's ports while a crashed
    tritonserver is restarted behind it, so no learner can bind them meanwhile, and gives each
@@ -153,7 +154,7 @@ def start(settings: ClassSettings, say: Callable[[str], None] = print, timeout_s
     http, grpc_port, metrics = settings.triton_ports
     settings.key_file.unlink(missing_ok=True)
     write_key_file(settings.learners_secret_file, learner.new_secret())  # a class's learners' tokens: new each start
-    serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--front-door",
+    serve = [str(bin_dir / "lab-backends"), "serve", "--restart", "--front-door", "--standby",
              "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
              "--admin-key-file", str(settings.key_file), "--learner-secret-file", str(settings.learners_secret_file),
              "--restricted-apis", ",".join(CLASS_RESTRICTED), *[a for m in settings.models for a in ("--model", m)]]

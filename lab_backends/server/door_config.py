@@ -45,6 +45,7 @@ from lab_backends.errors import FrontDoorError
 from lab_backends.notebook import RESTARTING
 from lab_backends.server.door_limits import MIN_BODY
 from lab_backends.server.door_share import FairShare, learners_lines, location_limits, too_many
+from lab_backends.server.door_upstreams import grpc_target, metrics_target, upstreams
 from lab_backends.server.options import ADMIN_HEADER, GRPC_HEADER_PREFIX, RESTRICTED_APIS
 
 #: The HTTP paths of each restricted API, as nginx regexes on the decoded path (``$uri``): a
@@ -93,6 +94,8 @@ class DoorSettings:
     #: The validating gateway's ports (door_gateway.py); ``None``: requests go to tritonserver unchecked.
     gateway_http_port: int | None = None
     gateway_grpc_port: int | None = None
+    #: ``serve --standby``: a second tritonserver's metrics port; the gateway relays everything else (door_upstreams).
+    standby_metrics_port: int | None = None
 
     @property
     def access_log(self) -> Path:
@@ -116,6 +119,9 @@ class GatewaySettings:
     ready_file: str             #: written with {"http_port", "grpc_port", "pid"} once both listen
     host: str = "127.0.0.1"
     triton_down: str = TRITON_DOWN  #: the answer while tritonserver is down (nginx gives the same)
+    standby_http_port: int | None = None  #: serve --standby's second tritonserver (gateway_failover)
+    standby_grpc_port: int | None = None
+    servers_file: str | None = None  #: the servers' PIDs, written by serve after each start (gateway_failover)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({**asdict(self), "repositories": list(self.repositories)}))
@@ -197,24 +203,7 @@ def _http_common(s: DoorSettings) -> list[str]:
         lines += [f'    "{_quoted(s.admin_key)}" 1;'] if s.admin_key is not None else []
         lines += ["}", f'map "$door_{name}_restricted:$door_{name}_key_ok" $door_{name}_refused {{',
                   "    default 0;", '    "1:0" 1;', "}"]
-    return lines + learners_lines(s.fair_share) + _upstreams(s)
-
-
-def _upstreams(s: DoorSettings) -> list[str]:
-    """Where HTTP requests go: those with a body to the gateway (when there is one), the rest to tritonserver.
-
-    ``max_fails=0``: a tritonserver that crashed is tried again at once when it is back, not after
-    nginx's 10 s of marking it down. Kept-alive connections to the gateway save a TCP handshake a request.
-    """
-    if s.gateway_http_port is None:
-        return []
-    return [
-        "upstream door_triton {", f"    server {s.host}:{s.triton_http_port} max_fails=0;", "}",
-        "upstream door_gateway {", f"    server {s.host}:{s.gateway_http_port} max_fails=0;", "    keepalive 32;", "}",
-        "map $request_method $door_http_upstream {",
-        "    default door_triton;", "    POST door_gateway;", "    PUT door_gateway;", "    PATCH door_gateway;",
-        "}",
-    ]
+    return lines + learners_lines(s.fair_share) + upstreams(s)
 
 
 def _http_server(s: DoorSettings) -> list[str]:
@@ -268,7 +257,7 @@ def _grpc_server(s: DoorSettings) -> list[str]:
               "return 200; }")
     timeouts = ["        grpc_read_timeout 3600s;", "        grpc_send_timeout 3600s;",
                 *location_limits(s.fair_share, grpc=True)]
-    proxy = [f"        grpc_pass grpc://{s.host}:{s.triton_grpc_port};", *timeouts]
+    proxy = [f"        grpc_pass grpc://{grpc_target(s)};", *timeouts]
     # The inference methods through the validating gateway, when there is one: it bounds a stream's messages.
     checked = proxy if s.gateway_grpc_port is None else ["        grpc_pass grpc://door_grpc_gateway;", *timeouts]
     busy = [
@@ -324,7 +313,7 @@ def _metrics_server(s: DoorSettings) -> list[str]:
         f"    listen {s.host}:{s.metrics_port};",
         "    location / {",
         "        limit_except GET { deny all; }",
-        f"        proxy_pass http://{s.host}:{s.triton_metrics_port};",
+        f"        proxy_pass http://{metrics_target(s)};",
         "    }",
         "}",
     ]

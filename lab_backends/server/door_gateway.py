@@ -48,6 +48,7 @@ from tritonclient.grpc import service_pb2
 from lab_backends.server.door_config import GatewaySettings
 from lab_backends.server.door_rules import DOOR, ModelRules, Refusal, check_grpc, check_http, parse_json
 from lab_backends.server.door_sequences import VERIFIED_HEADER, Owner, check_grpc_params, check_http_params, owner
+from lab_backends.server.gateway_failover import Failover, grpc_step, http_step, send_grpc, send_http
 from lab_backends.server.repository import model_dirs, read_config
 
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
@@ -134,9 +135,8 @@ def check_http_request(book: ModelBook, path: str, headers: dict[str, str], body
 class HttpRelay:
     """aiohttp handlers: read, check, relay to tritonserver, stream its answer back."""
 
-    def __init__(self, settings: GatewaySettings, book: ModelBook) -> None:
-        self.settings, self.book = settings, book
-        self.base = f"http://{settings.host}:{settings.triton_http_port}"
+    def __init__(self, settings: GatewaySettings, book: ModelBook, failover: Failover) -> None:
+        self.settings, self.book, self.failover = settings, book, failover
         self.session: aiohttp.ClientSession | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -153,19 +153,15 @@ class HttpRelay:
                                      owner(request.headers.get(VERIFIED_HEADER)))
         if refusal:
             return _refuse(refusal)
+        step = http_step(request.raw_path, headers, body)
+        slots, refusal = self.failover.route(step)
+        if refusal:
+            return _refuse(refusal)
         assert self.session is not None
-        for attempt in (1, 2):
-            try:
-                upstream = await self.session.request(request.method, self.base + request.raw_path, data=body,
-                                                      headers=headers, allow_redirects=False)
-                break
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                # A kept-alive connection to a tritonserver that has since restarted: closed before any answer,
-                # so the new server never saw the request. Once more, on a fresh connection.
-                if attempt == 2:
-                    return web.json_response({"error": s.triton_down}, status=503)
-            except aiohttp.ClientConnectionError:
-                return web.json_response({"error": s.triton_down}, status=503)
+        upstream = await send_http(self.session, self.failover, request.method, request.raw_path, slots, step,
+                                   body, headers)
+        if not isinstance(upstream, aiohttp.ClientResponse):
+            return _refuse(upstream) if upstream else web.json_response({"error": s.triton_down}, status=503)
         async with upstream:
             answer = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
@@ -185,20 +181,27 @@ def _refuse(refusal: Refusal) -> web.Response:
 class GrpcRelay(grpc.GenericRpcHandler):
     """``ModelInfer`` and ``ModelStreamInfer`` as raw bytes: parsed with ``service_pb2`` to check, relayed as sent."""
 
-    def __init__(self, settings: GatewaySettings, book: ModelBook) -> None:
-        self.settings, self.book = settings, book
-        # Reconnect within a second of a restarted tritonserver (gRPC's default backoff grows to 120 s).
-        self.channel = grpc.aio.insecure_channel(f"{settings.host}:{settings.triton_grpc_port}", options=[
-            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000)])
+    def __init__(self, settings: GatewaySettings, book: ModelBook, failover: Failover) -> None:
+        self.settings, self.book, self.failover = settings, book, failover
+        self.channels = [failover.channel(slot) for slot in range(len(failover.upstreams))]
 
     def service(self, details: grpc.HandlerCallDetails):
         if details.method == GRPC_SERVICE + "ModelInfer":
             return grpc.unary_unary_rpc_method_handler(self.infer)
         if details.method == GRPC_SERVICE + "ModelStreamInfer":
             return grpc.stream_stream_rpc_method_handler(self.stream)
+        if len(self.failover.upstreams) > 1:  # serve --standby: nginx sends every method here (door_upstreams)
+            return grpc.unary_unary_rpc_method_handler(lambda message, context: self.other(details.method, message,
+                                                                                           context))
         return None  # nginx sends no other method here
+
+    async def other(self, method: str, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Any other method (metadata, statistics, model control), unchecked, to the active server."""
+        answer = await send_grpc(self.channels, self.failover, method, self.failover.order(), None, message,
+                                 _metadata(context), context.time_remaining())
+        if isinstance(answer, grpc.aio.AioRpcError):
+            await self._abort_as(context, answer)
+        return answer
 
     def check(self, message: bytes, who: Owner | None = None) -> Refusal | None:
         limit = self.settings.message_limit
@@ -213,16 +216,18 @@ class GrpcRelay(grpc.GenericRpcHandler):
 
     async def infer(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
         refusal = self.check(message, _verified(context))
+        step = grpc_step(message)
+        slots, lost = self.failover.route(step)
+        refusal = refusal or lost
         if refusal:
             await context.abort(getattr(grpc.StatusCode, refusal.grpc_code), refusal.message)
-        call = self.channel.unary_unary(GRPC_SERVICE + "ModelInfer")(
-            message, metadata=_metadata(context), timeout=context.time_remaining())
-        try:
-            return await call
-        except grpc.aio.AioRpcError as exc:
-            await self._abort_as(context, exc)
-        finally:
-            call.cancel()  # the client gave up (or it is done: then a no-op): so does the call to tritonserver
+        answer = await send_grpc(self.channels, self.failover, GRPC_SERVICE + "ModelInfer", slots, step, message,
+                                 _metadata(context), context.time_remaining())
+        if isinstance(answer, Refusal):
+            await context.abort(getattr(grpc.StatusCode, answer.grpc_code), answer.message)
+        if isinstance(answer, grpc.aio.AioRpcError):
+            await self._abort_as(context, answer)
+        return answer
 
     async def stream(self, messages, context: grpc.aio.ServicerContext):
         refused: list[Refusal] = []
@@ -236,13 +241,18 @@ class GrpcRelay(grpc.GenericRpcHandler):
                 if refusal is None and total > self.settings.stream_limit:
                     refusal = Refusal(413, f"{DOOR} a stream of more than {self.settings.stream_limit:,} bytes: "
                                            "open a new stream for further requests")
+                step = grpc_step(message) if refusal is None else None
+                refusal = refusal or self.failover.route(step)[1]
                 if refusal:
                     refused.append(refusal)
                     call.cancel()
                     return
                 yield message
+                self.failover.answered(slot, step)  # a START is booked on this stream's server
 
-        call = self.channel.stream_stream(GRPC_SERVICE + "ModelStreamInfer")(
+        slot = self.failover.active  # a stream stays on one server: sequence steps that name another fail there
+        await self.failover.connected(self.channels, slot)
+        call = self.channels[slot].stream_stream(GRPC_SERVICE + "ModelStreamInfer")(
             checked(), metadata=_metadata(context), timeout=context.time_remaining())
         try:
             async for response in call:
@@ -251,6 +261,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
             if not refused:
                 raise
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.failover.down(slot)  # the next stream (the client's retry) goes to the other server
             if not refused:
                 await self._abort_as(context, exc)
         finally:
@@ -280,7 +292,8 @@ def _verified(context: grpc.aio.ServicerContext) -> Owner | None:
 async def serve(settings: GatewaySettings) -> None:
     """Both relays on free ports until SIGTERM; the ready file says where once both listen."""
     book = ModelBook(settings.repositories)
-    relay = HttpRelay(settings, book)
+    failover = Failover.from_settings(settings)
+    relay = HttpRelay(settings, book, failover)
     relay.session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, force_close=False),
         timeout=aiohttp.ClientTimeout(total=None, sock_read=3600), auto_decompress=False,
@@ -292,7 +305,7 @@ async def serve(settings: GatewaySettings) -> None:
     site = web.TCPSite(runner, settings.host, 0, backlog=4096)
     await site.start()
     http_port = runner.addresses[0][1]
-    grpc_relay = GrpcRelay(settings, book)
+    grpc_relay = GrpcRelay(settings, book, failover)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 2 * settings.message_limit),  # past the limit: door's words
         ("grpc.max_send_message_length", -1)])
@@ -310,7 +323,7 @@ async def serve(settings: GatewaySettings) -> None:
     await server.stop(1.0)
     await runner.cleanup()
     await relay.session.close()
-    await grpc_relay.channel.close()
+    await asyncio.gather(*(channel.close() for channel in grpc_relay.channels))
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,15 @@ Behind nginx, before tritonserver, the validating gateway (:mod:`lab_backends.se
 checks every inference request against the served models' configs (Triton 2.51 crashes on some that
 no client sends: :mod:`lab_backends.server.door_rules`). It starts first (its ports go into nginx's
 config), within :data:`GATEWAY_DEADLINE_S`, and stops after nginx, by PID, with a watchdog of its own.
+
+``serve --standby`` (the class's default) puts a second tritonserver behind the door
+(:mod:`lab_backends.server.standby`). The gateway, not nginx, chooses between the two
+(:mod:`lab_backends.server.gateway_failover`), and nginx hands it every request then
+(:mod:`lab_backends.server.door_upstreams`): nginx's ``server B backup`` would go back to A as soon as A
+is up again, so statistics, metadata and a sequence's next step would reach a server other than the one
+that answered, and nginx cannot tell a sequence's step from a fresh request. The gateway keeps the
+server that answers (the one restarted after a crash becomes the standby), sends a request again to the
+other when the active one refuses or drops it, and refuses the next step of a sequence whose server died.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ NGINX = "/usr/sbin/nginx"
 START_DEADLINE_S = 10.0
 #: The gateway imports grpc, aiohttp, numpy and tritonclient first: ~1 s here, more on a loaded machine.
 GATEWAY_DEADLINE_S = 60.0
+#: ``serve --standby`` writes each tritonserver's ports and PID here (in the door's folder) after each start.
+SERVERS_FILE = "servers.json"
 #: A gRPC stream may carry this many of the largest messages in all (nginx cannot bound a stream; a 256 MiB
 #: message took tritonserver to 3.39 GB for good): past it, RESOURCE_EXHAUSTED, and a new stream goes on.
 STREAM_MESSAGES = 64
@@ -75,14 +86,17 @@ def read_fair_share(path: Path, limits: dict[str, int]) -> FairShare:
 
 
 def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path,
-             share: FairShare | None = None, validate: bool = True) -> "FrontDoor":
+             share: FairShare | None = None, validate: bool = True, standby: TritonServer | None = None) -> "FrontDoor":
     """The door before a running local ``server``, on the sockets ``ports`` holds.
 
     Its body limit is sized to every model of the server's repositories (any of them can be loaded
     later); ``access`` says which APIs need which key at the door (tritonserver itself may hold none:
     :mod:`lab_backends.server.netns`); ``share``, each learner's identity and limits (a class). A root
-    ``serve`` hands nginx's workers to ``nobody``.
+    ``serve`` hands nginx's workers to ``nobody``. ``standby``: ``serve --standby``'s second server (the
+    gateway chooses between the two: module doc).
     """
+    if standby is not None and not validate:
+        raise FrontDoorError("a standby tritonserver needs the door's gateway (it chooses between the servers)")
     configs = [read_config(d) for d in model_dirs(server.options.model_repositories).values()
                if config_problem(d) is None]
     limit = body_limit(configs)
@@ -92,19 +106,28 @@ def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workd
         triton_metrics_port=server.metrics_port, workdir=workdir, body_limit=limit,
         restricted_apis=access.restricted_apis, admin_key=access.admin_key,
         worker_user="nobody" if os.geteuid() == 0 else None, fair_share=share,
-    ), ports, gateway_settings(server, workdir, limit) if validate else None)
+        standby_metrics_port=standby.metrics_port if standby else None,
+    ), ports, gateway_settings(server, workdir, limit, standby) if validate else None)
 
 
-def gateway_settings(server: TritonServer, workdir: Path, limit: int) -> GatewaySettings:
-    """The validating gateway's settings before ``server``: its repositories, and the door's body limit
-    for one HTTP body or gRPC message (:data:`STREAM_MESSAGES` of them for a stream)."""
+def gateway_settings(server: TritonServer, workdir: Path, limit: int,
+                     standby: TritonServer | None = None) -> GatewaySettings:
+    """The validating gateway's settings before ``server`` (and ``standby``): its repositories, and the door's
+    body limit for one HTTP body or gRPC message (:data:`STREAM_MESSAGES` of them for a stream)."""
     return GatewaySettings(
         triton_http_port=server.http_port, triton_grpc_port=server.grpc_port,
         repositories=tuple(str(r) for r in server.options.model_repositories), message_limit=limit,
-        stream_limit=STREAM_MESSAGES * limit, ready_file=str(workdir / "gateway.ready"))
+        stream_limit=STREAM_MESSAGES * limit, ready_file=str(workdir / "gateway.ready"),
+        **({"standby_http_port": standby.http_port, "standby_grpc_port": standby.grpc_port,
+            "servers_file": str(workdir / SERVERS_FILE)} if standby else {}))
 
 
-def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
+def servers_file(door: "FrontDoor | None") -> Path | None:
+    """Where ``serve --standby`` writes its servers' ports and PIDs for the gateway (:data:`SERVERS_FILE`)."""
+    return door.settings.workdir / SERVERS_FILE if door is not None else None
+
+
+def banner(door: "FrontDoor", server: TritonServer, standby: TritonServer | None = None) -> list[str]:
     """``serve``'s lines for the door: where clients go, and where tritonserver is (not for them)."""
     s = door.settings
     where = ("in a network namespace of its own: only the door reaches them" if door.ports.isolated else
@@ -117,6 +140,10 @@ def banner(door: "FrontDoor", server: TritonServer) -> list[str]:
         f"and {server.grpc_port} are not for clients ({where})",
         *([f"  validation: door_gateway (pid {door.gateway.pid}) checks each inference request against the "
            f"models' configs, its log {door.gateway.log}"] if door.gateway and door.gateway.pid else []),
+        *([f"  standby   : tritonserver (pid {standby.pid}), its own ports {standby.http_port} and "
+           f"{standby.grpc_port}: it takes over when the active one crashes (the gateway chooses; serve restarts "
+           "the crashed one)"]
+          if standby is not None else []),
     ]
 
 
