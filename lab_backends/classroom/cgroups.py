@@ -14,6 +14,11 @@ The three controllers, as this machine mounts them (cgroup v1, one hierarchy eac
 * **pids** ``pids.max``: a fork or a new thread past it fails with EAGAIN (threads count: Triton, its
   stubs and the frameworks' thread pools are most of a learner's tasks); ``pids.events`` counts the
   refusals;
+* **pids**, for the learner's outward forwarders (``network.py``): a group inside theirs whose
+  ``pids.max`` caps the connections they relay (:attr:`LearnerLimits.forwarder_tasks`); the learner's
+  own ``pids.max`` counts them too, and their ``pids.events`` counts only the learner's own refused
+  forks (cgroup v1 counts a refusal in the group that forked), so a kernel's notice never blames
+  their processes for their connections;
 * **cpu** ``cpu.shares``: a weight, not a cap. Every learner's group gets the same, so under
   contention a learner with 200 busy threads gets no more CPU than one with two, and an idle
   machine is still all theirs. The class's own group weighs their shares added up
@@ -49,6 +54,17 @@ GIB = 1 << 30
 #: JupyterLab's own threads a learner stays near 250. 1024 is 4x that; thread pools grow with cores, so
 #: raise it on bigger machines (``class start --learner-tasks``).
 DEFAULT_TASKS = 1024
+#: Concurrent connections a learner's forwarders relay (network.py). The lessons' largest legitimate
+#: concurrency is a load of 16 requests in flight (lesson 03's ``concurrency=16``; lesson 09's 16 threads),
+#: besides a JupyterLab's few connections (its page, a websocket per kernel and terminal) and the hub's API:
+#: 64 is 4x the load and leaves the browser its share.
+DEFAULT_CONNECTIONS = 64
+#: The pids sub-group of a learner's forwarders (inside their own pids group: their tasks count twice, there and
+#: in the learner's ``pids.max``).
+FORWARDERS = "forwarders"
+#: Tasks of a learner's outward forwarders besides the per-connection relays: their listeners, two per port (a
+#: class forwards four out: the hub's API and the door's HTTP, gRPC and metrics ports).
+FORWARDER_LISTENERS = 8
 
 
 class LimitsError(LabBackendsError):
@@ -62,10 +78,17 @@ class LearnerLimits:
     memory_bytes: int = 4 * GIB
     tasks: int = DEFAULT_TASKS
     cpu_shares: int = 1024  #: the kernel's default weight: every learner weighs the same
+    connections: int = DEFAULT_CONNECTIONS  #: concurrent connections their forwarders relay (network.py)
+
+    @property
+    def forwarder_tasks(self) -> int:
+        """The forwarders' ``pids.max``: each connection is relayed by two socat processes (one inside the
+        learner's network namespace, one outside), plus the listeners."""
+        return 2 * self.connections + FORWARDER_LISTENERS
 
     def describe(self) -> str:
         return (f"{self.memory_bytes / GIB:g} GiB of memory, {self.tasks} processes and threads, "
-                f"CPU shares {self.cpu_shares}")
+                f"CPU shares {self.cpu_shares}, {self.connections} connections")
 
 
 def own_group(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> Path:
@@ -92,8 +115,18 @@ def learner_groups(user: str) -> list[Path]:
     return [own_group(c) / PARENT / user for c in CONTROLLERS]
 
 
+def forwarder_groups(user: str) -> list[Path]:
+    """Where the learner's forwarders run: the learner's memory and cpu groups, and a pids group of their own
+    inside the learner's (its ``pids.max`` is the connection cap; the learner's ``pids.max`` still counts them)."""
+    memory, pids, cpu = learner_groups(user)
+    return [memory, pids / FORWARDERS, cpu]
+
+
 def create(user: str, limits: LearnerLimits) -> list[Path]:
-    """The learner's groups, made (a stale one emptied and made again) and limited; their folders."""
+    """The learner's groups, made (a stale one emptied and made again) and limited; their folders.
+
+    The forwarders' pids group (:func:`forwarder_groups`) is made inside the learner's, limited to
+    :attr:`LearnerLimits.forwarder_tasks`."""
     remove(user)
     groups = learner_groups(user)
     values = {"memory": {"memory.limit_in_bytes": limits.memory_bytes},
@@ -104,6 +137,9 @@ def create(user: str, limits: LearnerLimits) -> list[Path]:
             group.mkdir(parents=True, exist_ok=True)
             for name, value in values[controller].items():
                 (group / name).write_text(str(value))
+        forwarders = forwarder_groups(user)[1]
+        forwarders.mkdir(exist_ok=True)
+        (forwarders / "pids.max").write_text(str(limits.forwarder_tasks))
         weigh_class()
     except OSError as exc:
         remove(user)
@@ -132,8 +168,8 @@ def weigh_class() -> int:
 
 def remove(user: str, timeout_s: float = 10.0) -> None:
     """Kill what is left in the learner's groups (by PID) and remove them, then weigh the class again; idempotent."""
-    groups = [group for group in learner_groups(user) if group.is_dir()]
-    for group in groups:
+    groups = [group for group in [forwarder_groups(user)[1], *learner_groups(user)] if group.is_dir()]
+    for group in groups:  # the forwarders' group first: its parent can be removed only once it is gone
         for pid in members(group):
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -47,7 +47,7 @@ class ClassSettings:
     notebooks_dir: Path = PROJECT_ROOT / "notebooks"
     #: Extra environment for the learners' servers (tests: JupyterLab settings); never the admin key.
     learner_env: tuple[tuple[str, str], ...] = ()
-    #: Each learner's cgroup limits (memory, processes and threads, CPU weight): cgroups.py.
+    #: Each learner's cgroup limits (memory, processes and threads, CPU weight, connections relayed): cgroups.py.
     limits: LearnerLimits = LearnerLimits()
 
     @property
@@ -136,6 +136,7 @@ c.NamespaceSpawner.outward_ports = {[settings.hub_api_port, *settings.triton_por
 c.NamespaceSpawner.learner_memory = {settings.limits.memory_bytes}
 c.NamespaceSpawner.learner_tasks = {settings.limits.tasks}
 c.NamespaceSpawner.learner_cpu_shares = {settings.limits.cpu_shares}
+c.NamespaceSpawner.learner_connections = {settings.limits.connections}
 c.Spawner.cmd = [{str(venv_bin / 'jupyterhub-singleuser')!r}]
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~/notebooks"

@@ -38,7 +38,8 @@ Who is who at the front door: the server's environment carries the learner's nam
 
 Around all this, each learner's sandbox (issue 38): the server starts inside the learner's cgroups
 (``cgroups.py``: memory, tasks, CPU weight) and network namespace (``network.py``: only the hub's
-API and the front door out, only their JupyterLab in), with umask 077; both are made before it
+API and the front door out, only their JupyterLab in; the forwarders that relay those connections run
+within the learner's cgroups too, capped), with umask 077; both are made before it
 starts and removed after it stops, and its kernels explain a limit that stopped something
 (``PYTHONSTARTUP``: ``kernel_startup.py``).
 
@@ -64,7 +65,7 @@ from traitlets import Integer, List, Unicode
 from lab_backends import learner
 from lab_backends.classroom import cgroups
 from lab_backends.classroom.cgroups import LearnerLimits
-from lab_backends.classroom.network import LearnerNetwork, close_network, namespace_name, open_network
+from lab_backends.classroom.network import Confinement, LearnerNetwork, close_network, namespace_name, open_network
 from lab_backends.classroom.settings import DUMB_INIT
 from lab_backends.client.with_key import boot_pythonpath
 
@@ -141,6 +142,8 @@ class NamespaceSpawner(LocalProcessSpawner):
     learner_memory = Integer(LearnerLimits.memory_bytes, config=True, help="bytes of memory per learner (cgroups.py)")
     learner_tasks = Integer(LearnerLimits.tasks, config=True, help="processes and threads per learner")
     learner_cpu_shares = Integer(LearnerLimits.cpu_shares, config=True, help="each learner's CPU weight")
+    learner_connections = Integer(LearnerLimits.connections, config=True, help="concurrent connections each "
+                                  "learner's forwarders relay (network.py)")
     network: LearnerNetwork | None = None
 
     def make_preexec_fn(self, name):
@@ -171,11 +174,15 @@ class NamespaceSpawner(LocalProcessSpawner):
         self.popen_kwargs = {**self.popen_kwargs, "cwd": str(home)}
         await self.close_sandbox()  # a previous server's, if the hub lost track of it
         self.port = random_port()  # bound twice: inside the learner's namespace, and by the proxy's forwarder here
-        limits = LearnerLimits(self.learner_memory, self.learner_tasks, self.learner_cpu_shares)
+        limits = LearnerLimits(self.learner_memory, self.learner_tasks, self.learner_cpu_shares,
+                               self.learner_connections)
         plain = list(self.cmd)
         try:
             groups = await asyncio.to_thread(cgroups.create, name, limits)
-            self.network = await asyncio.to_thread(open_network, name, [self.port], list(self.outward_ports))
+            # The forwarders run within the learner's limits, relaying as them inside (network.py: issue 46).
+            confinement = Confinement(name, tuple(cgroups.forwarder_groups(name)), tuple(groups))
+            self.network = await asyncio.to_thread(open_network, name, [self.port], list(self.outward_ports),
+                                                   confinement)
             self.cmd = [*cgroups.join_command(groups), *self.network.enter(), *namespace_command(name, plain)]
             self.log.info("%s's sandbox: network namespace %s, limits %s", name, self.network.name, limits.describe())
             return await super().start()
