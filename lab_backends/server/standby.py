@@ -44,7 +44,8 @@ def spare_for(server: TritonServer) -> TritonServer:
     options = {f.name: getattr(server.options, f.name) for f in fields(server.options)
                if f.name not in ("model_repositories", "models")}
     return TritonServer(server.options.model_repositories, models=server.options.models, target="local",
-                        startup_timeout_s=server.startup_timeout_s, **options)
+                        startup_timeout_s=server.startup_timeout_s, backend_dir=server.backend_dir,
+                        allow_broken_models=server.allow_broken_models, **options)
 
 
 @contextlib.contextmanager
