@@ -8,8 +8,8 @@ serve A are in A's cgroups (their tasks bounded by the forwarders' ``pids.max``,
 namespace running as A). Meanwhile B sends a request through the door, and A's JupyterLab still answers
 through the hub's proxy (the inward pair is outside the cap). After A closes them, A's forwarders are back
 to what they were, and A's next request goes through.
-Cost (this module starts a class of its own: conftest's fixture is per module): measured 54 s on this 2-core
-machine, 36 s of it the class's start, 10 s its stop, 7 s the test (two spawns, the flood, the checks).
+Cost (this module starts a class of its own: conftest's fixture is per module): 20 s in a full tests/class run
+(8 s the class's start, 5 s the test: two spawns, the flood, the checks; 6 s the stop), 54 s on a busy machine.
 """
 
 from __future__ import annotations
