@@ -41,19 +41,12 @@ def test_the_body_limit_is_the_largest_json_request_at_max_batch():
     assert body_limit([small, big]) == body_limit([big])
 
 
-@pytest.mark.parametrize("variant", ["keyed", "open", "class", "root", "learners"])
-def test_nginx_accepts_the_rendered_config(tmp_path, variant):
-    """``nginx -t`` on each variant: the key, open admin APIs, the class's subset, a root master, learners' shares."""
+def _accepted_by_nginx(tmp_path, settings) -> str:
+    """The config rendered for ``settings``, after ``nginx -t`` accepted it (skipped without Debian's nginx)."""
     try:
         nginx = nginx_binary()
     except FrontDoorError as exc:
         pytest.skip(str(exc))
-    if variant == "root" and os.geteuid() != 0:
-        pytest.skip("a `user` directive is checked only by a root nginx")
-    changes = {"open": {"admin_key": None}, "class": {"restricted_apis": ("model-repository", "trace")},
-               "root": {"worker_user": "nobody"},
-               "learners": {"fair_share": FairShare(new_secret(), in_flight=3, rate_per_s=7, burst=0)}}.get(variant, {})
-    settings = _settings(tmp_path, **changes)
     for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (tmp_path / temp).mkdir()
     conf = tmp_path / "nginx.conf"
@@ -61,7 +54,18 @@ def test_nginx_accepts_the_rendered_config(tmp_path, variant):
     check = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(settings.error_log)],
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
-    text = conf.read_text()
+    return conf.read_text()
+
+
+@pytest.mark.parametrize("variant", ["keyed", "open", "class", "root", "learners"])
+def test_nginx_accepts_the_rendered_config(tmp_path, variant):
+    """``nginx -t`` on each variant: the key, open admin APIs, the class's subset, a root master, learners' shares."""
+    if variant == "root" and os.geteuid() != 0:
+        pytest.skip("a `user` directive is checked only by a root nginx")
+    changes = {"open": {"admin_key": None}, "class": {"restricted_apis": ("model-repository", "trace")},
+               "root": {"worker_user": "nobody"},
+               "learners": {"fair_share": FairShare(new_secret(), in_flight=3, rate_per_s=7, burst=0)}}.get(variant, {})
+    text = _accepted_by_nginx(tmp_path, _settings(tmp_path, **changes))
     if variant == "class":
         assert "ModelStatistics" not in text and "RepositoryModelLoad" in text  # statistics stay open
     if variant == "open":
@@ -100,19 +104,8 @@ def test_a_key_nginx_cannot_quote_is_refused_with_the_fix(tmp_path):
 def test_under_standby_every_request_goes_through_the_gateway_and_metrics_fall_back(tmp_path):
     """``serve --standby`` (server/door_upstreams.py): the gateway alone chooses between the two tritonservers, so
     nginx sends it every HTTP method and every gRPC method; the metrics page tries the first server, then the second."""
-    try:
-        nginx = nginx_binary()
-    except FrontDoorError as exc:
-        pytest.skip(str(exc))
-    settings = _settings(tmp_path, gateway_http_port=18006, gateway_grpc_port=18007, standby_metrics_port=18008)
-    for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (tmp_path / temp).mkdir()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(render(settings))
-    check = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(settings.error_log)],
-                           capture_output=True, text=True, timeout=30)
-    assert check.returncode == 0, check.stderr
-    text = conf.read_text()
+    text = _accepted_by_nginx(tmp_path, _settings(tmp_path, gateway_http_port=18006, gateway_grpc_port=18007,
+                                                  standby_metrics_port=18008))
     assert "default door_gateway;" in text and "grpc_pass grpc://127.0.0.1:18003" not in text
     assert "server 127.0.0.1:18008 backup max_fails=0;" in text and "proxy_pass http://door_metrics;" in text
     plain = render(_settings(tmp_path, gateway_http_port=18006, gateway_grpc_port=18007))
