@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
+from lab_backends.client.deadline import requests_within
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server.crash import raise_if_dying
@@ -112,6 +113,11 @@ def task(name: str) -> str:
     return get(name).task
 
 
+#: The deadline of every gRPC request a checker sends without its own (lab_backends/client/deadline.py): far
+#: above any lesson's request (the slowest, a queue-policy wait, takes seconds), so only a hang meets it.
+CHECK_REQUEST_DEADLINE_S = 60.0
+
+
 def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bool = False,
           traceback: bool | None = None, **inputs: Any) -> Result:
     """Check ``answer`` for exercise ``name`` against ``server`` (started here with the models if None).
@@ -128,7 +134,8 @@ def check(name: str, answer: Any, server: RunningServer | None = None, quiet: bo
         with started_for(ex) as own:
             return check(name, answer, own, quiet, traceback, **inputs)
     try:
-        message = ex.checker(answer, server, **inputs)
+        with requests_within(CHECK_REQUEST_DEADLINE_S):  # no request of a check waits for ever
+            message = ex.checker(answer, server, **inputs)
     except NotImplementedError as exc:  # a checker may say what "attempting" means for its exercise
         todo = str(exc) or "replace the NotImplementedError with your answer and run the cell again"
         result = Result(name, False, False, f"'{name}' is not attempted yet: {todo}.\nTask: {ex.task}")
