@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from lab_backends.errors import ExerciseError
 from lab_backends.lessons import native_faults
 from lab_backends.server import sanitizer
 
@@ -62,3 +65,26 @@ def test_a_server_stuck_after_glibc_found_its_heap_corrupted_is_named() -> None:
 
 def test_a_healthy_server_is_no_fault() -> None:
     assert native_faults.fault(_Log("I1204 successfully loaded 'tf_exercise'\n"), "x.c", within_s=0.3) is None
+
+
+def test_a_failure_in_a_faulted_server_is_the_fault_and_a_deadline_in_a_healthy_one_is_no_answer() -> None:
+    stuck = _Log("malloc(): invalid size (unsorted)\nSignal (6) received.\n")
+    with pytest.raises(ExerciseError, match=r"glibc found the heap corrupted.*Look here"):
+        with native_faults.named(stuck, "x.c", "Look here", within_s=0.3), native_faults_timeout():
+            pass
+    with pytest.raises(ExerciseError, match="no answer within .* Execute never returned"):
+        with native_faults.named(_Log("fine\n"), "x.c", "Look here"):
+            raise TimeoutError("1 of 1 requests got no answer")
+    with pytest.raises(ValueError):  # anything else on a healthy server is the checker's to say
+        with native_faults.named(_Log("fine\n"), "x.c", "Look here"):
+            raise ValueError("a wrong value")
+
+
+class native_faults_timeout:
+    """A request that failed inside the block (a closed connection, as a crash looks to a client)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        raise ConnectionResetError("Socket closed")

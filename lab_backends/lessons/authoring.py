@@ -184,23 +184,28 @@ def send_together(
             client_timeout=timeout_s,  # each call ends by the deadline too, not only our wait for it
         )
     collected: dict[int, dict[str, Any] | Exception] = {}
+    unanswered = 0  # calls our own client_timeout ended: no answer, as when our wait below runs out
     deadline = time.monotonic() + timeout_s
-    while len(collected) < len(requests):
+    while len(collected) + unanswered < len(requests):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(
-                f"{len(requests) - len(collected)} of {len(requests)} requests to '{model}' got no answer "
-                f"within {timeout_s:.0f} s; is execute() stuck, or does it return fewer responses than requests?"
-            )
+            break
         try:
             index, result, error = results.get(timeout=remaining)
         except queue.Empty:
             continue
-        if error is not None:
+        if error is not None and "DEADLINE_EXCEEDED" in str(error.status() if hasattr(error, "status") else error):
+            unanswered += 1
+        elif error is not None:
             collected[index] = error
         else:
             names = [o["name"] for o in result.get_response(as_json=True)["outputs"]]
             collected[index] = {name: result.as_numpy(name) for name in names}
+    if len(collected) < len(requests):
+        raise TimeoutError(
+            f"{len(requests) - len(collected)} of {len(requests)} requests to '{model}' got no answer "
+            f"within {timeout_s:.0f} s; is execute() stuck, or does it return fewer responses than requests?"
+        )
     return [collected[i] for i in range(len(requests))]
 
 

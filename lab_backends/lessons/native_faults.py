@@ -34,8 +34,9 @@ _SIGNAL = re.compile(r"^Signal \((\d+)\) received\.", re.M)
 #: Every request a C checker sends has this deadline (gRPC ``client_timeout``): its requests take
 #: milliseconds, under AddressSanitizer too; a server that has not answered in this time never will.
 REQUEST_DEADLINE_S = 10.0
-#: How long a dying server may take to finish its report and exit (ASan symbolizes every frame first).
-SETTLE_S = 20.0
+#: How long a dying server may take to finish its report and exit (ASan symbolizes every frame first: 1-3 s
+#: measured here); one that has not exited by then is stuck in its handler, and is named so.
+SETTLE_S = 10.0
 
 
 def _settle(server: Any, within_s: float) -> str:
@@ -74,13 +75,19 @@ def fault(server: Any, source_name: str | tuple[str, ...], within_s: float = SET
 
 
 @contextlib.contextmanager
-def named(server: Any, source_name: str, advice: str) -> Iterator[None]:
+def named(server: Any, source_name: str, advice: str, within_s: float = SETTLE_S) -> Iterator[None]:
     """Any failure inside the block, on a server that faulted, becomes the fault's verdict (with ``advice``):
-    a request that failed because the backend crashed the server is the crash, not "request i failed"."""
+    a request that failed because the backend crashed the server is the crash, not "request i failed"; a
+    request that met its deadline on a server with no fault is "no answer" (Execute hung)."""
     try:
         yield
     except Exception as exc:
-        found = fault(server, source_name)
-        if found is None:
-            raise
-        raise ExerciseError(f"{found}: your backend runs inside the server. {advice}") from exc
+        found = fault(server, source_name, within_s)
+        if found is not None:
+            raise ExerciseError(f"{found}: your backend runs inside the server. {advice}") from exc
+        if isinstance(exc, TimeoutError) or "DEADLINE_EXCEEDED" in str(exc):
+            raise ExerciseError(
+                f"a request got no answer within {REQUEST_DEADLINE_S:.0f} s, and the server shows no crash: Execute "
+                "never returned or never sent a response. Every request needs one response sent (or an error) and "
+                "one release, and Execute must return") from exc
+        raise
