@@ -96,7 +96,8 @@ def server(backend_dir, tmp_path_factory):
 
 # ---------------------------------------------------------------------------------- build
 def test_both_backends_build_from_source_and_export_execute(backend_dir):
-    assert set(cbackend.sources()) == {"scale", "digits_prep", "lab_iterative"}  # the last: test_continuous_batching_c
+    # lab_iterative: test_continuous_batching_c; clip: notebook 09's exercise, whose reference it is
+    assert set(cbackend.sources()) == {"scale", "digits_prep", "lab_iterative", "clip"}
     for name in ("scale", "digits_prep"):
         library = cbackend.library_path(name, backend_dir)
         assert library.is_file(), library

@@ -165,3 +165,23 @@ def test_stop_group_stops_a_family_that_ignores_sigterm_and_cleans_its_regions(s
     finally:
         processes.kill_group(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def test_a_pid_another_process_took_is_left_alone() -> None:
+    """A server's PID, once the server is gone, may be a new process's (and its group's ID): stop_group and the
+    watchdog name the server by its PID and start time, so the newcomer is neither signalled nor cleaned.
+    The newcomer here: a group leader whose start time is not the one the caller knew."""
+    newcomer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        born = processes.started_at(newcomer.pid)
+        assert born is not None and not processes.reused(newcomer.pid, born)
+        earlier = born - 100.0  # "the server" that had this PID before
+        assert processes.reused(newcomer.pid, earlier)
+        assert processes.stop_group(newcomer.pid, 0.3, reap=newcomer.poll, born=earlier) == set()
+        assert newcomer.poll() is None, "stop_group signalled a process that only reused the PID"
+        processes.stop_group(newcomer.pid, 5.0, reap=newcomer.poll)  # the control: by its own start time, stopped
+        assert newcomer.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if newcomer.poll() is None:
+            newcomer.kill()
+            newcomer.wait()

@@ -12,6 +12,14 @@ yet reaped) counts as gone. These functions are polled in loops (the watchdog, `
 they read no more than they need: ``group_members`` asks every process only for its process group
 (one system call, :func:`os.getpgid`, as psutil has no such attribute) and reads the state of
 members alone.
+
+PIDs are reused, and soon on a machine whose ``pid_max`` is 32768 (this one) while thousands of processes
+and threads come and go (a class's forwarders under a learner's 5,000 connections): a process is named by
+its PID *and its start time* (:func:`started_at`), and a process group is signalled only while it still
+exists. The kernel gives no new process a PID that is still some group's ID, so a group with members is
+still ours; once its last member is gone its ID may be a new process's, whose group a late ``killpg``
+would kill and whose ``/dev/shm`` regions a late look would take for ours (seen in a fresh clone's
+``make test``: a stub of another test's server found its region gone, "No such file or directory").
 """
 
 from __future__ import annotations
@@ -125,31 +133,62 @@ def kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def stop_group(pid: int, grace_s: float, reap=None) -> set[str]:
-    """SIGTERM the server, wait ``grace_s``, then SIGKILL the whole group; clean its shm files.
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started (psutil's ``create_time``), or ``None`` when no such process runs: with the PID,
+    what tells a process from a later one that reused its PID."""
+    try:
+        return psutil.Process(pid).create_time()
+    except _GONE:
+        return None
+
+
+def stop_group(pid: int, grace_s: float, reap=None, born: float | None = None) -> set[str]:
+    """SIGTERM the server, wait ``grace_s``, then SIGKILL its group if it still exists; clean its shm files.
 
     ``reap`` is called while waiting (e.g. ``Popen.poll``) so a child of ours does not linger as a
-    zombie. Returns the shm names that were removed.
+    zombie. ``born``: the server's :func:`started_at`, when the caller knew it before now (the watchdog):
+    a process that took the PID since is left alone. Returns the shm names that were removed. Once the
+    group is gone nothing is read or signalled by its ID again (the module docstring: the ID may then be
+    another process's).
     """
-    shm = shm_regions(group_members(pid))
-    if alive(pid):
+    born = started_at(pid) if born is None else born
+
+    def leader() -> bool:
+        return born is not None and alive(pid) and started_at(pid) == born
+
+    def ours() -> list[int]:
+        return group_members(pid) if leader() or not reused(pid, born) else []
+
+    shm = shm_regions(ours())
+    if leader():
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    finished = False
 
     def gone() -> bool:
-        nonlocal shm
+        nonlocal shm, finished
+        if finished:
+            return True
         if reap:
             reap()
-        members = group_members(pid)
+        members = ours()
         shm |= shm_regions(members)
-        return not alive(pid) and not members
+        finished = not leader() and not members
+        return finished
 
     poll(gone, bool, grace_s)
-    kill_group(pid, signal.SIGKILL)
-    poll(gone, bool, 5.0)
+    if not finished:
+        kill_group(pid, signal.SIGKILL)
+        poll(gone, bool, 5.0)
     return set(remove_shm(shm))
+
+
+def reused(pid: int, born: float | None) -> bool:
+    """``pid`` now names another process than the one that started at ``born``."""
+    now = started_at(pid)
+    return now is not None and now != born
 
 
 def terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> int:

@@ -17,7 +17,16 @@ import sys
 import time
 
 from lab_backends.server.logcap import cap_log
-from lab_backends.server.processes import alive, children, group_members, remove_shm, shm_regions, stop_group
+from lab_backends.server.processes import (
+    alive,
+    children,
+    group_members,
+    remove_shm,
+    reused,
+    shm_regions,
+    started_at,
+    stop_group,
+)
 
 POLL_S = 0.2
 #: Reading the stubs' command lines costs more than a liveness check: do it every N polls.
@@ -38,13 +47,17 @@ def watch(owner: int, server: int, grace_s: float, log: str | None = None) -> in
 
 
 def _loop(owner: int, server: int, grace_s: float, seen: set[str], log: str | None = None) -> int:
+    # The server is its PID and its start time: once it is gone the PID may be another process's
+    # (processes.py's docstring), whose group and regions are not ours.
+    born = started_at(server)
     tick = 0
     while True:
-        if not alive(server):
+        if not alive(server) or started_at(server) != born:
             # The server exited or crashed: its stubs must not linger as orphans, and their
-            # shared-memory regions must not outlive them.
-            if group_members(server):
-                stop_group(server, 2.0)
+            # shared-memory regions must not outlive them. Its group is its own while it has
+            # members and no other process took the PID (the kernel reuses neither then).
+            if not reused(server, born) and group_members(server):
+                stop_group(server, 2.0, born=born)
             remove_shm(seen)
             return 0
         if tick % SHM_EVERY == 0:
@@ -53,7 +66,7 @@ def _loop(owner: int, server: int, grace_s: float, seen: set[str], log: str | No
                 cap_log(log)
         tick += 1
         if os.getppid() != owner or not alive(owner):
-            stop_group(server, grace_s)
+            stop_group(server, grace_s, born=born)
             remove_shm(seen)
             return 0
         time.sleep(POLL_S)

@@ -189,12 +189,18 @@ def learner_connections(classroom: Any) -> None:
         # Meanwhile B, through B's own forwarder, and A's own server, through A's (the hub's API answers it).
         b_status = as_learner(b, servers[b], _REQUEST).stdout.strip()
         a_lab = _answers(room, a)
+        checked, as_a = 0, []
         for p in held:  # every process that serves A: in A's groups (outward: the capped pids group)
-            groups, out = _cgroups_of(p.pid), "/out-" in " ".join(p.cmdline())
-            pids_group = f"/lab-class/{a}/{cgroups.FORWARDERS}" if out else f"/lab-class/{a}"
+            try:
+                groups, line, uid = _cgroups_of(p.pid), " ".join(p.cmdline()), p.uids().real
+            except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+                continue  # gone since it was listed: a relay whose client closed, a listener restarting at the cap
+            pids_group = f"/lab-class/{a}/{cgroups.FORWARDERS}" if "/out-" in line else f"/lab-class/{a}"
             assert groups["pids"].endswith(pids_group) and groups["memory"].endswith(f"/lab-class/{a}") and \
-                groups["cpu"].endswith(f"/lab-class/{a}"), (p.cmdline(), groups)
-        as_a = [p for p in held if p.uids().real == pwd.getpwnam(a).pw_uid]  # the relays inside A's namespace
+                groups["cpu"].endswith(f"/lab-class/{a}"), (line, groups)
+            checked += 1
+            as_a += [p] if uid == pwd.getpwnam(a).pw_uid else []  # the relays inside A's namespace
+        assert checked >= len(held) // 2, f"only {checked} of A's {len(held)} forwarders could be read"
     finally:
         if flood.poll() is None:
             flood.communicate("\n", timeout=60)
