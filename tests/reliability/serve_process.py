@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 
@@ -19,6 +21,13 @@ from tests.reliability.conftest import TEST_MODELS
 ROOT = Path(__file__).resolve().parents[2]
 #: Written by `make door-deps` when it could not install nginx: the reason to skip with.
 NGINX_MISSING = ROOT / "test-artifacts" / "door" / "nginx-missing.txt"
+
+
+def copy_models(models: Mapping[str, Path], repo: Path) -> Path:
+    """A repository of its own for a serve: each model folder ``name`` copied from the repository it is in."""
+    for name, repository in models.items():
+        shutil.copytree(repository / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return repo
 
 
 def require_nginx() -> None:

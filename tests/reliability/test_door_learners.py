@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import queue
 import secrets
-import shutil
 
 import grpc
 import numpy as np
@@ -26,7 +25,7 @@ from lab_backends.learner import SEQUENCE_SPAN
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.door_share import NO_TOKEN
 from tests.reliability.conftest import TEST_MODELS
-from tests.reliability.serve_process import Serve, require_nginx
+from tests.reliability.serve_process import Serve, copy_models, require_nginx
 
 pytestmark = pytest.mark.server
 MODELS = {"rel_double": TEST_MODELS, "echo": MODEL_REPOSITORY, "running_mean": MODEL_REPOSITORY}
@@ -39,8 +38,7 @@ KEY = secrets.token_urlsafe(24)
 def door(tmp_path_factory):
     require_nginx()
     tmp = tmp_path_factory.mktemp("learners")
-    for name, repository in MODELS.items():
-        shutil.copytree(repository / name, tmp / "repo" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_models(MODELS, tmp / "repo")
     secret = tmp / "secret"
     secret.write_text(learner.new_secret())
     secret.chmod(0o600)

@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from lab_backends.server.door_rules import DOOR
 from lab_backends.server.processes import alive
 from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
-from tests.reliability.serve_process import Serve, require_nginx
+from tests.reliability.serve_process import Serve, copy_models, require_nginx
 from tests.reliability.test_crashes import HUGE_SHAPE, NESTED, binary_overflow_request
 
 pytestmark = pytest.mark.server
@@ -44,8 +43,7 @@ MODELS = {"rel_double": TEST_MODELS, "echo": MODEL_REPOSITORY, "stream_topk": MO
 def door(tmp_path_factory):
     require_nginx()
     tmp = tmp_path_factory.mktemp("validation")
-    for name, repository in MODELS.items():
-        shutil.copytree(repository / name, tmp / "repo" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_models(MODELS, tmp / "repo")
     serve = Serve(tmp, "--front-door", "--open-admin-apis", "--restart", "--model-repository", str(tmp / "repo"),
                   *[flag for name in MODELS if name != "rel_double" for flag in ("--model", name)])
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from lab_backends.server.gateway_failover import LOST
 from lab_backends.server.processes import alive
 from lab_backends.waiting import poll
 from tests.reliability.conftest import TEST_MODELS
-from tests.reliability.serve_process import Serve, require_nginx
+from tests.reliability.serve_process import Serve, copy_models, require_nginx
 
 pytestmark = pytest.mark.server
 MODELS = ("rel_double", "running_mean")
@@ -78,10 +77,7 @@ class Pair:
 def pair(tmp_path_factory):
     require_nginx()
     tmp = tmp_path_factory.mktemp("standby")
-    repo = tmp / "repo"
-    shutil.copytree(TEST_MODELS / "rel_double", repo / "rel_double", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(MODEL_REPOSITORY / "running_mean", repo / "running_mean",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    repo = copy_models({"rel_double": TEST_MODELS, "running_mean": MODEL_REPOSITORY}, tmp / "repo")
     serve = Serve(tmp, "--model-repository", str(repo), "--model", "running_mean", "--front-door", "--restart",
                   "--standby", "--admin-key-file", str(tmp / "admin.key"))
     try:
