@@ -128,7 +128,8 @@ def test_committed_test_models_have_valid_configs():
     from .conftest import TEST_MODELS
 
     folders = sorted(p for p in TEST_MODELS.iterdir() if (p / "config.pbtxt").exists())
-    assert [p.name for p in folders] == ["rel_crash", "rel_double", "rel_raise", "rel_wrong_count"]
+    assert [p.name for p in folders] == [
+        "rel_crash", "rel_double", "rel_raise", "rel_respond_then_hold", "rel_wrong_count"]
     for folder in folders:
         config = read_config(folder)
         assert config.name == folder.name and config.backend == "python"
