@@ -20,7 +20,6 @@ matplotlib and every lesson (~0.5 s) that ``--help``, ``serve`` and ``setup`` ne
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -29,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab_backends import charlm, digits
+from lab_backends import setup_steps
 from lab_backends.classroom.command import add_class_parser
 from lab_backends.client.with_key import WITH_KEY_DESCRIPTION, command_line, environment
 from lab_backends.errors import LabBackendsError
@@ -37,7 +36,7 @@ from lab_backends.lessons import handout
 from lab_backends.lessons.exercise_command import add_exercises_parser
 from lab_backends.measure import class_plan
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
-from lab_backends.server import admin, bundle, cbackend, free_quarantine, front_door, limits, native_backends, netns
+from lab_backends.server import admin, bundle, front_door, limits, netns
 from lab_backends.server.crash import SERVE_ADVICE, crash_error, crashed
 from lab_backends.server.door_share import add_share_arguments, share_limits
 from lab_backends.server.ports import free_ports
@@ -128,37 +127,25 @@ def _setup(args: argparse.Namespace) -> int:
     bundle.check_model_environment()
     bundle.prepare_backend_dir(b)
     print(f"backend directory ready: {bundle.BACKEND_DIR}")
-    # The compilers run while the models train: set-up's two longest steps need no output of each other, and
-    # g++ on libtorch's headers (about 20 s) is one process, training another. Its lines print after.
-    with concurrent.futures.ThreadPoolExecutor(1) as compilers:
-        built = compilers.submit(_built_backends, getattr(args, "force", False))
-        _build_models(args)
-        print("\n".join(built.result()))
+    print("\n".join(setup_steps.build_everything(getattr(args, "force", False), _log)))
     for path in handout.hand_out():
         print(f"handed out: {path.relative_to(PROJECT_ROOT)}")
     return 0
 
 
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
 def _build_backends(args: argparse.Namespace) -> int:
     """Compile the C backends in c_backends/ (only stale ones unless --force)."""
-    print("\n".join(_built_backends(getattr(args, "force", False))))
+    print("\n".join(setup_steps.build_libraries(getattr(args, "force", False))))
     return 0
 
 
-def _built_backends(force: bool) -> list[str]:
-    """Build what is stale: C backends, framework backends, the server's preload; one line per library."""
-    preload = {"free_quarantine": free_quarantine.build(force=force)}
-    built = [("C backend", cbackend.build_all(force=force)),
-             ("framework backend", native_backends.build_all(force=force)), ("server preload", preload)]
-    return [f"{kind} {name}: {path}" for kind, libraries in built for name, path in libraries.items()]
-
-
 def _build_models(args: argparse.Namespace) -> int:
-    """Train and export the digits and character models, place them in the model folders, install Python backends."""
-    report = digits.build_models(force=getattr(args, "force", False), log=lambda message: print(message, flush=True))
-    print(report.summary())
-    # The character model behind generate_static / generate_iterative (notebook 08b): seconds, numpy weights.
-    print(charlm.build_charlm(force=getattr(args, "force", False), log=lambda m: print(m, flush=True)).summary())
+    """Train and export the models of set-up, place them in the model folders, install Python backends."""
+    print("\n".join(setup_steps.build_models(getattr(args, "force", False), _log)))
     return 0
 
 

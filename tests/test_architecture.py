@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("measure", {"measure"}),
     ("lessons", {"lessons"}),
     ("classroom", {"classroom"}),
-    ("entry", {"cli", "book", "__init__"}),
+    ("entry", {"cli", "setup_steps", "book", "__init__"}),
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 MAX_LINES = 350
