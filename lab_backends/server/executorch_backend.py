@@ -1,0 +1,148 @@
+"""Build ``lab_executorch`` (``c_backends/frameworks/lab_executorch/``): ExecuTorch's C++ runtime behind Triton.
+
+ExecuTorch has no C API and no Triton backend upstream; its runtime ships in the ``executorch`` wheel
+(``executorch/lib/libexecutorch*.so``, ``executorch/include/``), which lives in the ExecuTorch build
+environment (:mod:`lab_backends.digits.executorch_env`: the project's venv keeps numpy < 2, the
+export needs numpy 2). The build is lab_libtorch's (``g++``, our warnings as errors, the framework's
+headers as system headers, ``-Wl,-z,defs`` against ``libtritonserver``) with what ExecuTorch needs:
+
+* ``-std=c++17`` and the definitions the wheel's libraries were built with, as its
+  ``share/cmake/executorch-config.cmake`` lists them (``C10_USING_CUSTOM_GENERATED_MACROS``,
+  ``ET_EVENT_TRACER_ENABLED``): without the second, ``Method`` and friends change layout silently;
+* ``include/executorch/runtime/core/portable_type/c10`` on the include path (the headers include
+  ``c10/...`` from there);
+* ``-Wl,--no-as-needed`` before the kernel and XNNPACK libraries: we call none of their functions,
+  they register their kernels and the XNNPACK delegate from static constructors when loaded, and
+  the linker would otherwise drop them (then every method fails to load: "kernel not found");
+* the four libraries copied next to ours and an rpath of ``$ORIGIN``. Why not an rpath into the
+  venv, as lab_libtorch does into torch/lib: the venv is a build tool (741 MB, numpy 2, rebuilt when
+  its pins change), while the backend folder is what a server, a container mount or a class's
+  read-only build/ serves; 14 MB of libraries beside the backend keep it whole on its own.
+  The libraries' own RUNPATH starts with ``$ORIGIN`` too, so they find each other there.
+
+Stale-checked like the other framework backends: rebuilt when a source, a shared header, the server
+library or the venv's ExecuTorch libraries are newer than the built library. Measured here: ~6 s of
+g++ for the two sources (the runtime's headers are light), once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from lab_backends.digits import executorch_env
+from lab_backends.errors import BackendBuildError
+from lab_backends.paths import BACKEND_DIR
+from lab_backends.server import cbackend
+from lab_backends.server.bundle import find_bundle
+from lab_backends.server.native_backends import FRAMEWORKS_DIR, TENSORFLOW_BACKEND
+
+NAME = "lab_executorch"
+SOURCE_DIR = FRAMEWORKS_DIR / NAME
+#: What the wheel's libraries were compiled with (executorch-config.cmake, EXECUTORCH_COMPILE_DEFINITIONS).
+DEFINES = ("-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED")
+CXXFLAGS = ("-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden")
+#: The runtime (Program, Method, data loaders), then what registers itself when loaded: the optimized
+#: kernels, the XNNPACK delegate, and the thread pool both use.
+LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "libexecutorch_backend_xnnpack.so",
+             "libexecutorch_threadpool.so")
+
+
+def main_source() -> Path:
+    """Triton's side: config, requests, gather, scatter, statistics."""
+    return SOURCE_DIR / f"{NAME}.cc"
+
+
+def binding_source() -> Path:
+    """The runtime's side (notebook 09d's exercise; this file is its reference answer)."""
+    return SOURCE_DIR / f"{NAME}_binding.cc"
+
+
+def runtime_dir() -> Path:
+    """The installed ``executorch`` package of the build environment, made when missing."""
+    executorch_env.ensure_venv()
+    root = executorch_env.runtime_root()
+    needed = (root / "include" / "executorch", *(root / "lib" / n for n in LIBRARIES))
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        raise BackendBuildError(f"the executorch package at {root} lacks {', '.join(missing)}; remove "
+                                f"{executorch_env.VENV_DIR} and run `lab-backends setup` to make it again")
+    return root
+
+
+def inputs(root: Path) -> list[Path]:
+    """What the library is made from: its folder, the JSON scanner, the shared headers, the server
+    library, ExecuTorch's libraries."""
+    return [*SOURCE_DIR.iterdir(), FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h",
+            *cbackend.INCLUDE_DIR.glob("*.h"), find_bundle().server_library(), *(root / "lib" / n for n in LIBRARIES)]
+
+
+def is_stale(backend_dir: Path = BACKEND_DIR) -> bool:
+    target = cbackend.library_path(NAME, Path(backend_dir))
+    if not target.exists() or any(not (target.parent / n).exists() for n in LIBRARIES):
+        return True
+    return cbackend.outdated(target, (p for p in inputs(runtime_dir()) if p.is_file()))
+
+
+def command(root: Path, output: Path, binding: Path | None = None, compiler: str = "g++",
+            extra_flags: tuple[str, ...] = ()) -> list[str]:
+    """The g++ line; ``binding`` replaces the reference binding (the exercise builds the learner's)."""
+    server_lib = find_bundle().server_library()
+    include = root / "include"
+    lib = root / "lib"
+    return [
+        compiler, *CXXFLAGS, *DEFINES, *extra_flags, f"-I{cbackend.INCLUDE_DIR}", f"-I{SOURCE_DIR}",
+        f"-isystem{include}", f"-isystem{include / 'executorch' / 'runtime' / 'core' / 'portable_type' / 'c10'}",
+        "-shared", "-o", str(output), str(main_source()), str(binding or binding_source()),
+        "-Wl,-z,defs", str(server_lib), f"-Wl,-rpath-link,{server_lib.parent}",
+        f"-L{lib}", "-Wl,--no-as-needed", *(f"-l:{n}" for n in LIBRARIES), "-Wl,--as-needed",
+        "-Wl,-rpath,$ORIGIN",
+    ]
+
+
+def copy_runtime(root: Path, folder: Path) -> None:
+    """ExecuTorch's libraries beside the backend (see the module docstring), each renamed into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        src, dst = root / "lib" / name, folder / name
+        if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
+            continue
+        tmp = dst.with_name(f".{name}.tmp{os.getpid()}")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+
+
+def build(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False, binding: Path | None = None,
+          extra_flags: tuple[str, ...] = ()) -> Path:
+    """Build ``<backend_dir>/lab_executorch/libtriton_lab_executorch.so`` when stale (or ``force``, or with
+    another ``binding``); its path. Raises :class:`BackendBuildError` quoting g++ on failure."""
+    backend_dir = Path(backend_dir)
+    target = cbackend.library_path(NAME, backend_dir)
+    if not force and binding is None and not extra_flags and not is_stale(backend_dir):
+        return target
+    root = runtime_dir()
+    compiler = shutil.which(os.environ.get("CXX") or "g++")
+    if compiler is None:
+        raise BackendBuildError("C++ compiler g++ not found on PATH; backend 'lab_executorch' is C++ (ExecuTorch has "
+                                "no C API). Install it (`sudo apt-get install g++`) or set CXX")
+    copy_runtime(root, target.parent)
+    with cbackend.built_in_place(target) as tmp:
+        line = command(root, tmp, binding, compiler, extra_flags)
+        result = subprocess.run(line, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise BackendBuildError(
+                f"building backend '{NAME}' from {binding or binding_source()} failed (exit {result.returncode}):\n"
+                f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(line)}")
+        exported = cbackend.exported_symbols(tmp)
+        if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
+            raise BackendBuildError(f"backend '{NAME}' built, but does not export {cbackend.REQUIRED_ENTRY_POINT}")
+    return target
+
+
+def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dict[str, Path]:
+    """Set-up's library step: {} when ``LAB_SKIP_EXECUTORCH`` is set (lesson 09d skipped)."""
+    if executorch_env.skipped():
+        return {}
+    return {NAME: build(backend_dir, force=force)}
