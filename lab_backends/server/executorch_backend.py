@@ -21,8 +21,8 @@ headers as system headers, ``-Wl,-z,defs`` against ``libtritonserver``) with wha
   The libraries' own RUNPATH starts with ``$ORIGIN`` too, so they find each other there.
 
 Stale-checked like the other framework backends: rebuilt when a source, a shared header, the server
-library or the venv's ExecuTorch libraries are newer than the built library. Measured here: ~6 s of
-g++ for the two sources (the runtime's headers are light), once.
+library or the venv's ExecuTorch libraries are newer than the built library. Measured here: ~10 s of
+g++ for the two sources and the copy (the runtime's headers are light), once.
 """
 
 from __future__ import annotations
