@@ -279,6 +279,9 @@ def test_tune_the_batcher_forced_re_measures_and_judges_the_second_run(fresh, mo
     monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
     message = get("tune_the_batcher").checker({"max_batch_size": 16, "dynamic_batching": {}}, fresh)
     out = capsys.readouterr().out
-    assert "LAB_FORCE_REMEASURE=1: re-measuring once over a 1x window" in out
+    # Forced when the first round held; a real miss (a busy machine: p99 155 ms beside three other runs) re-measures
+    # by itself, over 2x (notebook.measure_rounds, whose paths tests/test_forced_remeasure.py forces).
+    assert ("LAB_FORCE_REMEASURE=1: re-measuring once over a 1x window" in out
+            or "the machine may be busy: re-measuring once over a 2x window" in out), out
     assert "fast and within the p99 bound" in message
     assert fresh.model_config(MODEL).HasField("dynamic_batching"), "the learner's model is given back as it was"
