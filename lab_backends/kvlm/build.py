@@ -1,10 +1,11 @@
-"""Build kvlm once, and place the TorchScript file where the three served models load it.
+"""Build kvlm once, and place the TorchScript file where the served models load it.
 
 Like ``lab_backends.charlm.build``: training runs only when ``build/models/kvlm/kvlm.pt`` is missing
 or older than the code that makes it (this package's net, train and build modules), and the file is
 copied into ``model_repository/<m>/1/kvlm.pt`` (git-ignored) for each model folder that exists
-(``generate_kv``: the Python backend; ``generate_kv_paged``, ``generate_kv_contiguous``: the native
-one) when the copy there is missing or stale. A file lock makes concurrent builds wait for each other.
+(``generate_kv``: the Python backend; ``generate_kv_paged``, ``generate_kv_contiguous`` and
+``generate_kv_recompute``: the native one) when the copy there is missing or stale. A file lock makes
+concurrent builds wait for each other.
 
 The artifact is ``torch.jit.save(torch.jit.script(model))``: self-contained (its ``vocabulary`` and
 ``context`` are attributes of the scripted module), readable by ``torch.jit.load`` in a Python backend
@@ -31,7 +32,7 @@ ARTIFACT_DIR = BUILD_DIR / "models" / "kvlm"
 ARTIFACT = ARTIFACT_DIR / "kvlm.pt"
 METRICS = ARTIFACT_DIR / "metrics.json"
 #: The served models' version folders (each loads ``kvlm.pt`` next to its model file).
-MODELS = ("generate_kv", "generate_kv_paged", "generate_kv_contiguous")
+MODELS = ("generate_kv", "generate_kv_paged", "generate_kv_contiguous", "generate_kv_recompute")
 PLACEMENTS: tuple[Path, ...] = tuple(MODEL_REPOSITORY / m / "1" / "kvlm.pt" for m in MODELS)
 _CODE = ("net.py", "train.py", "build.py")
 #: What the built model is asked to recite after training (a line of the Zen; the sample goes in metrics.json).
