@@ -719,8 +719,8 @@ void reap(KvInstance* in, const std::vector<Slot>& slots) {
     if (!present) gone.push_back(entry.first);
   }
   for (uint64_t id : gone) {
-    LAB_LOG(TRITONSERVER_LOG_VERBOSE, std::string(BACKEND) + ": sequence " + std::to_string(id) +
-                                      " is gone (cancelled in its slot): its blocks are freed");
+    LAB_LOG(TRITONSERVER_LOG_INFO, std::string(BACKEND) + ": sequence " + std::to_string(id) +
+                                   " is gone (cancelled in its slot): its blocks are freed");
     forget(in, id);
   }
 }
