@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from lab_backends.kvlm import PLACEMENTS, build_kvlm, reference
-from lab_backends.measure.kv_bench import STEP_MS, paced, paced_repository
+from lab_backends.kvlm import reference
+from lab_backends.measure.kv_bench import STEP_MS, paced, paced_repository, place_models
 from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, lesson_mix, stream_kv
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import kv_backend
@@ -52,7 +52,7 @@ def test_the_models_share_one_budget_and_their_tensors() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     kv_backend.build_kvcache()  # set-up built it; cheap when fresh
-    build_kvlm(placements=(*PLACEMENTS, MODEL_REPOSITORY / RECOMPUTE / "1" / "kvlm.pt"))
+    place_models()
     variants = paced_repository(tmp_path_factory.mktemp("variants"), STEP_MS)
     with TritonServer([MODEL_REPOSITORY, variants], models=[PAGED, CONTIGUOUS, RECOMPUTE, *PACED.values()],
                       target="local", startup_timeout_s=180) as srv:

@@ -33,6 +33,7 @@ from typing import Callable
 import pandas as pd
 
 from lab_backends.charlm.text import zen
+from lab_backends.kvlm import PLACEMENTS, build_kvlm
 from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, lesson_mix, stream_kv
 from lab_backends.measure.stats import model_entries, settled_statistics
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
@@ -45,6 +46,11 @@ STEP_MS = 10
 LENGTHS = (32, 64, 128, 240)  # prompt + generated tokens
 PROMPT = 16                   # characters of prompt in the cache-vs-recompute runs
 TTFT_PROMPTS = (8, 32, 64, 128, 200)
+
+
+def place_models() -> None:
+    """kvlm.pt in every KV model's version folder, generate_kv_recompute's included (trained when stale)."""
+    build_kvlm(placements=tuple(dict.fromkeys((*PLACEMENTS, MODEL_REPOSITORY / RECOMPUTE / "1" / "kvlm.pt"))))
 
 
 def paced(model: str) -> str:
@@ -149,6 +155,7 @@ def kv_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     repeats = 1 if quick else 3
+    place_models()
     variants = paced_repository(out_dir / ".kv_paced_repository")
     try:
         with TritonServer([MODEL_REPOSITORY, variants], target="local", startup_timeout_s=180,
