@@ -7,7 +7,7 @@ Sub-commands:
   build-backends  compile the C backends in c_backends/ (``--force`` rebuilds)
   build-models  train/export the digits and character models into the model folders (``--force`` retrains)
   lab           start JupyterLab on notebooks/ (127.0.0.1, with a token)
-  bench         ``bench batching|backends|continuous|door [--quick]``: a benchmark -> bench/*.csv, bench/*.png
+  bench         ``bench batching|backends|continuous|door|kvcache [--quick]``: a benchmark -> bench/*.csv, bench/*.png
   plan-class    replicas and per-learner resources for a class (docs/scale.md)
   class         a class on one machine: ``add-learners``, ``start``, ``stop``, ``measure`` (``make class``)
   exercises     ``exercises audit [--only NAME]``: every checker against its skeleton, reference,
@@ -155,9 +155,10 @@ def _bench(args: argparse.Namespace) -> int:
     from lab_backends.measure.bench import batching_bench
     from lab_backends.measure.door_share import door_bench
     from lab_backends.measure.generation_bench import continuous_bench
+    from lab_backends.measure.kv_bench import kv_bench
 
     run = {"batching": batching_bench, "backends": backends_bench, "continuous": continuous_bench,
-           "door": door_bench}[args.name]
+           "door": door_bench, "kvcache": kv_bench}[args.name]
     signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
     try:
         run(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
@@ -298,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=_lab)
 
     bench = sub.add_parser("bench", help="run a benchmark and write its CSV/PNG files")
-    bench.add_argument("name", choices=["batching", "backends", "continuous", "door"], help="which benchmark")
+    bench.add_argument("name", choices=["batching", "backends", "continuous", "door", "kvcache"],
+                       help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="fewer requests per point (under 3 minutes)")
     bench.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench", help="output folder (default: bench/)")
     bench.set_defaults(func=_bench)
