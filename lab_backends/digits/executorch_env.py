@@ -12,7 +12,7 @@ The same wheel ships ExecuTorch's C++ runtime (``executorch/lib/*.so``, ``execut
 :mod:`lab_backends.server.executorch_backend` builds ``lab_executorch`` against it.
 
 Measured here (2 cores, the wheel in pip's cache): creating the venv 19 s of pip, 482 MB on disk
-(no second torch: ~1 GB more with one; ~740 MB once Python has compiled what the export imports);
+(no second torch: that would add 754 MB, the size of .venv's; ~740 MB once Python has compiled what the export imports);
 exporting digits_et ~26 s (12 s in the export itself, the rest importing torch and ExecuTorch); the
 program is 17 MB (the 64-2048-2048-10 MLP's weights, as ``model.pt``). Both steps are stale-checked:
 a stamp names the pinned versions (a second set-up costs a stat), the program is rebuilt only when

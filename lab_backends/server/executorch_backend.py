@@ -115,12 +115,13 @@ def copy_runtime(root: Path, folder: Path) -> None:
 
 
 def build(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False, binding: Path | None = None,
-          extra_flags: tuple[str, ...] = ()) -> Path:
+          extra_flags: tuple[str, ...] = (), name: str = NAME) -> Path:
     """Build ``<backend_dir>/lab_executorch/libtriton_lab_executorch.so`` when stale (or ``force``, or with
-    another ``binding``); its path. Raises :class:`BackendBuildError` quoting g++ on failure."""
+    another ``binding``: notebook 09d's checker builds the learner's as backend ``name``); its path. Raises
+    :class:`BackendBuildError` quoting g++ on failure."""
     backend_dir = Path(backend_dir)
-    target = cbackend.library_path(NAME, backend_dir)
-    if not force and binding is None and not extra_flags and not is_stale(backend_dir):
+    target = cbackend.library_path(name, backend_dir)
+    if not force and binding is None and not extra_flags and name == NAME and not is_stale(backend_dir):
         return target
     root = runtime_dir()
     compiler = shutil.which(os.environ.get("CXX") or "g++")
@@ -133,11 +134,11 @@ def build(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False, binding
         result = subprocess.run(line, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             raise BackendBuildError(
-                f"building backend '{NAME}' from {binding or binding_source()} failed (exit {result.returncode}):\n"
+                f"building backend '{name}' from {binding or binding_source()} failed (exit {result.returncode}):\n"
                 f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(line)}")
         exported = cbackend.exported_symbols(tmp)
         if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
-            raise BackendBuildError(f"backend '{NAME}' built, but does not export {cbackend.REQUIRED_ENTRY_POINT}")
+            raise BackendBuildError(f"backend '{name}' built, but does not export {cbackend.REQUIRED_ENTRY_POINT}")
     return target
 
 

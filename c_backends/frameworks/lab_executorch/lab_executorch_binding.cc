@@ -135,7 +135,9 @@ void plan_memory(Binding* b, const MethodMeta& meta) {
 
 }  // namespace
 
-std::string bind(Binding* b) {
+}  // namespace lab_et
+
+std::string lab_et::bind(Binding* b) {
   Result<executorch::extension::FileDataLoader> loader =
       executorch::extension::FileDataLoader::from(b->spec.program_file.c_str());
   if (!loader.ok()) {
@@ -175,7 +177,7 @@ std::string bind(Binding* b) {
   return "";
 }
 
-std::string run(Binding* b, int64_t rows, const uint8_t** output) {
+std::string lab_et::run(Binding* b, int64_t rows, const uint8_t** output) {
   if (rows < 1 || rows > b->max_rows) {
     return where(*b) + std::to_string(rows) + " rows in one batch, but the program takes 1.." +
            std::to_string(b->max_rows) + "; set max_batch_size to at most " + std::to_string(b->max_rows);
@@ -202,5 +204,3 @@ std::string run(Binding* b, int64_t rows, const uint8_t** output) {
   *output = out.const_data_ptr<uint8_t>();
   return "";
 }
-
-}  // namespace lab_et

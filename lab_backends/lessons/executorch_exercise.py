@@ -1,0 +1,221 @@
+"""Notebook 09d's exercise (``executorch_binding``): the binding of ExecuTorch's runtime inside lab_executorch.
+
+The learner completes ``exercises/executorch_binding.cc`` next to the notebook, in place: ``bind()`` (the
+program opened, its method's tensors checked against the config, its memory planned from the method's
+metadata, the method loaded) and ``run()`` (the gathered rows set as the input, one execute, the output
+read), left as ``TODO(exercise)`` (handed out by set-up, :mod:`lab_backends.lessons.handout`). The rest of
+the backend is ``lab_executorch.cc``, built with the learner's file in place of the backend's own
+``lab_executorch_binding.cc`` (the reference answer). :func:`check_binding` then, in the order a learner
+fixes things:
+
+1. builds it as :mod:`lab_backends.server.executorch_backend` builds lab_executorch (g++ -std=c++17
+   -Wall -Wextra -Werror -Wl,-z,defs against the wheel's runtime), with AddressSanitizer, as backend
+   ``et_exercise``;
+2. serves it on a server *of its own* (a fault in a binding kills tritonserver, which must not be the
+   learner's), beside ``et_reference``: digits_et's config on the built lab_executorch;
+3. loads configs that contradict the program: an output's dims ([9], the program computes 10), an
+   input's type (FP64), a max_batch_size of 128 (the program was exported for at most 64 rows). Each
+   load must fail, with one line that names what is wrong (the tensor, or max_batch_size);
+4. one request of 1 row, one of 5 rows alone, then bursts of concurrent requests of 1 to 8 rows until an
+   execute held several requests: every answer equal to et_reference's (within 1e-4).
+
+Every request has a deadline (:data:`native_faults.REQUEST_DEADLINE_S`); a request that fails on a server
+that faulted gets the fault's verdict (ASan's report with the line, a crash, a hang:
+:mod:`lab_backends.lessons.native_faults`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException
+
+from lab_backends.client.infer import infer
+from lab_backends.digits import executorch_env, load_split, normalize
+from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
+from lab_backends.lessons.authoring import send_together
+from lab_backends.lessons.handout import handout, read_c_answer
+from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S, fault
+from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.server import executorch_backend, sanitizer
+from lab_backends.server.repository import config_text, read_config
+from lab_backends.server.triton_server import TritonServer
+
+NAME = "executorch_binding"
+BACKEND = MODEL = "et_exercise"
+REFERENCE_MODEL = "et_reference"
+NATIVE = "digits_et"
+HANDOUT = handout(NAME)
+SKELETON = HANDOUT.shipped
+NOT_ATTEMPTED = ("complete bind() and run(), the two TODO(exercise) places in exercises/executorch_binding.cc, next "
+                 "to this notebook (the marks may stay), save it, then run this cell again")
+TASK = (
+    "Complete exercises/executorch_binding.cc (next to notebook 09d): the bodies of bind() and run() of the "
+    "backend lab_executorch, whose rest is built with your file. bind() opens the program, checks its method's "
+    "one input and one output against the config (type, dims after the batch, max_batch_size within the "
+    "exported batch bound: a mismatch returns one line naming the tensor and the fix), plans the method's "
+    "memory from its metadata and loads it; run() sets the gathered rows as the input, executes once and points "
+    "at the output's rows. Then call exercises.check('executorch_binding', 'exercises/executorch_binding.cc'). "
+    "The checker builds it with AddressSanitizer, serves it on a server of its own, loads configs that "
+    "contradict the program, and compares requests of 1 to 8 rows, alone and together, with digits_et."
+)
+TOLERANCE = 1e-4
+#: Configs that contradict the program: (model, what to change, what the refusal must name).
+CONTRADICTIONS = (("et_bad_output", "output dims [9]", "'LOGITS'"),
+                  ("et_fp64", "input data_type TYPE_FP64", "'PIXELS'"),
+                  ("et_batch128", "max_batch_size 128", "max_batch_size"))
+BURST_ROWS = (3, 1, 8, 2, 5, 7, 4, 6, 1, 3, 8, 5, 2, 7, 6, 4)
+BURST_TRIES = 4
+ADVICE = ("Look for memory the method points into that bind() let go (every buffer must live in b), a b->input "
+          "smaller than the bound's rows, or an output pointer read past its rows")
+
+
+def read_answer(answer: Any) -> tuple[Path, str]:
+    return read_c_answer(answer, HANDOUT, "09d", NOT_ATTEMPTED)
+
+
+def write_models(repo: Path, backend_dir: Path) -> None:
+    """et_exercise (the learner's backend), et_reference (lab_executorch's own) and the contradicting configs."""
+    reference_lib = executorch_backend.build()  # stale-checked: set-up built it
+    (backend_dir / executorch_backend.NAME).symlink_to(reference_lib.parent, target_is_directory=True)
+    for name in (MODEL, REFERENCE_MODEL, *(c[0] for c in CONTRADICTIONS)):
+        config = read_config(MODEL_REPOSITORY / NATIVE)
+        config.name = name
+        config.backend = executorch_backend.NAME if name == REFERENCE_MODEL else BACKEND
+        config.dynamic_batching.max_queue_delay_microseconds = 50_000  # bursts share executes
+        if name == "et_bad_output":
+            config.output[0].dims[:] = [9]
+        if name == "et_fp64":
+            config.input[0].data_type = model_config_pb2.DataType.Value("TYPE_FP64")
+        if name == "et_batch128":
+            config.max_batch_size = 128
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config_text(config))
+        (repo / name / "1" / "model.pte").symlink_to(executorch_env.PLACED)
+
+
+def check_binding(answer: Any, server: Any = None) -> str:
+    """Build, serve and drive the learner's binding; ``server`` is unused (we start our own)."""
+    del server  # a binding that crashes must not take the learner's server with it
+    path, _ = read_answer(answer)
+    pixels = normalize(load_split().test_images)
+    with tempfile.TemporaryDirectory(prefix="exercise-et-") as tmp:
+        repo, backends = Path(tmp) / "models", Path(tmp) / "backends"
+        try:
+            executorch_backend.build(backends, binding=path, extra_flags=sanitizer.COMPILE_FLAGS, name=BACKEND)
+        except BackendBuildError as exc:
+            raise ExerciseError(f"your {path.name} does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n"
+                                f"{exc}") from exc
+        write_models(repo, backends)
+        with TritonServer(repo, models=[REFERENCE_MODEL], backend_dir=backends, target="local",
+                          exit_timeout_s=2, address_sanitizer=True) as own:
+            judge = Judge(own, pixels, path.name)
+            judge.load()
+            judge.contradictions()
+            judge.alone(0, 1)
+            judge.alone(40, 5)
+            mixed = judge.bursts()
+    return (f"{path.name} built with the rest of lab_executorch, -Werror, with AddressSanitizer; configs that "
+            f"contradict the program ({', '.join(c[1] for c in CONTRADICTIONS)}) each failed their load naming "
+            f"what is wrong; requests of 1 and 5 rows alone and {mixed} concurrent requests of 1 to 8 rows in shared "
+            "executes all equal digits_et's logits.")
+
+
+class Judge:
+    """The requests of one check against the learner's model on ``own``."""
+
+    def __init__(self, own: Any, pixels: np.ndarray, source_name: str) -> None:
+        self.own, self.pixels = own, pixels
+        self.sources = (source_name, executorch_backend.main_source().name)
+        self.want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]},
+                                          client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
+                                    for i in range(0, len(pixels), 64)])
+
+    def _died(self, when: str, failure: Any = None) -> None:
+        found = fault(self.own, self.sources)
+        if found is not None and f" at {self.sources[1]}:" in found:
+            found += " (the rest of the backend, built with your file: it tripped over what your code left)"
+        if found is not None:
+            raise ExerciseError(f"{found} {when}: your binding runs inside the server. {ADVICE}")
+        if failure is not None and ("DEADLINE_EXCEEDED" in str(failure) or isinstance(failure, TimeoutError)):
+            raise ExerciseError(f"no answer {when} within {REQUEST_DEADLINE_S:.0f} s, and the server shows no crash: "
+                                "run() never returned")
+
+    def load(self) -> None:
+        try:
+            self.own.load_model(MODEL)
+        except ModelLoadError as exc:
+            self._died("while your backend loaded digits_et's program")
+            raise ExerciseError(f"the server could not load digits_et's program with your binding: {exc.reason}. "
+                                "bind() must return \"\" when the program matches the config; plan every buffer "
+                                "with the size memory_planned_buffer_size(i) says") from exc
+
+    def contradictions(self) -> None:
+        for name, change, named in CONTRADICTIONS:
+            try:
+                self.own.load_model(name)
+            except ModelLoadError as exc:
+                self._died(f"while your backend loaded a config with {change}")
+                said = exc.reason.splitlines()[0] if exc.reason.strip() else ""  # Triton repeats it on later lines
+                if named not in said:
+                    raise ExerciseError(f"a config with {change} failed to load, but its message does not name "
+                                        f"{named}: {said!r}. Say in one line which tensor (or setting) contradicts "
+                                        "the program, and how to fix it") from exc
+                continue
+            self._died(f"after a config with {change} loaded")
+            raise ExerciseError(f"a config with {change} loaded, but the program says otherwise: bind() must check "
+                                "the method's input and output (type, the sizes after the batch) against the config, "
+                                "and max_batch_size against the input's first size (the exported batch bound)")
+
+    def _compare(self, got: Any, start: int, rows: int, what: str) -> None:
+        if isinstance(got, Exception):
+            self._died(f"during {what}", got)
+            message = got.message() if isinstance(got, InferenceServerException) else str(got)
+            raise ExerciseError(f"{what} failed: {message}")
+        want = self.want[start:start + rows]
+        if got.shape != want.shape:
+            raise ExerciseError(f"{what}: LOGITS of shape {list(got.shape)}, expected {list(want.shape)}")
+        diff = float(np.abs(got - want).max())
+        if diff >= TOLERANCE:
+            stale = bool(np.abs(got).max() == 0)
+            raise ExerciseError(
+                f"{what}: the logits differ from digits_et's by {diff:.3g}" + (" (all zeros)" if stale else "")
+                + ". run() must set this batch's rows as the input (in_sizes[0] = rows), execute the method, "
+                "and point at its output 0")
+
+    def alone(self, start: int, rows: int) -> None:
+        try:
+            got: Any = infer(self.own, MODEL, {"PIXELS": self.pixels[start:start + rows]},
+                             client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
+        except InferenceServerException as exc:
+            got = exc
+        self._compare(got, start, rows, f"one request of {rows} row{'s' * (rows > 1)} alone")
+
+    def _executions(self) -> int:
+        return int(self.own.statistics(MODEL)["model_stats"][0]["execution_count"])
+
+    def bursts(self) -> int:
+        sent = 0
+        for attempt in range(BURST_TRIES):
+            starts = [(37 * (attempt * len(BURST_ROWS) + i)) % (len(self.pixels) - 8) for i in range(len(BURST_ROWS))]
+            before = self._executions()
+            try:
+                replies = send_together(self.own, MODEL, [{"PIXELS": self.pixels[s:s + n]}
+                                                          for s, n in zip(starts, BURST_ROWS)],
+                                        timeout_s=REQUEST_DEADLINE_S)
+            except TimeoutError as exc:
+                self._died(f"during a burst of {len(BURST_ROWS)} requests", exc)
+                raise ExerciseError(str(exc)) from exc
+            for i, (reply, s, n) in enumerate(zip(replies, starts, BURST_ROWS)):
+                got = reply if isinstance(reply, Exception) else reply["LOGITS"]
+                self._compare(got, s, n, f"request {i} of a burst of {len(BURST_ROWS)}")
+            sent += len(BURST_ROWS)
+            if self._executions() - before < len(BURST_ROWS):
+                return sent
+        raise ExerciseError(f"after {BURST_TRIES} bursts every execute held one request: the batcher did not batch "
+                            "(the server may be very busy); run the check again")
+
