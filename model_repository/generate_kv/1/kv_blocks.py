@@ -12,6 +12,9 @@ longest possible sequence for every sequence up front.
 
 Admission by memory: a newcomer is admitted only when its prompt's blocks plus one are free; model.py
 lets one that does not fit wait (its request rescheduled without a step) instead of failing it.
+
+This file is the KV-cache lesson's exercise (``paged_kv_blocks``): it is handed out with append() and
+release() to write. model.py reads ``self.free`` and ``self.blocks``; keep them (and ``self.length``).
 """
 
 

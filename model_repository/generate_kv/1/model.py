@@ -14,6 +14,8 @@ unfinished request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` (py
   slots (config parameters); ``kv_blocks.py`` (next to this file, the lesson's exercise) keeps each
   sequence's block table. A new block is taken when a sequence's last one is full; all of them are
   freed when it sends its last token or its request is cancelled;
+- **freed**: at the last token, on a cancellation seen during a step, and for a sequence the scheduler
+  dropped while it waited in its slot (cancelled there: see ``_reap``);
 - **admission by memory**: a newcomer whose prompt's blocks plus one are not free waits: released
   with RESCHEDULE without a step and without a response, it is tried again at the next execution.
   A running sequence that needs a block when none is free waits the same way; if every sequence in a
@@ -194,6 +196,15 @@ class TritonPythonModel:
             self.live[victim]["new"] = self.live[victim]["ids"]
         return prefills, decodes, waiting + stalled
 
+    def _reap(self, present):
+        """Free the sequences the scheduler dropped without a word: a request cancelled while it waited in its
+        slot is answered by the batcher, which frees the slot and never hands it back (core
+        ``sequence_batch_scheduler.cc`` 1644-1656 at r24.10). Every other live sequence is in each execution:
+        the next batch is formed only once the last execution completed (1583-1588), when every rescheduled
+        request is back in its slot. So a live sequence missing here is gone, and so must its blocks be."""
+        for key in [key for key in self.live if key not in present]:
+            self._forget(key)
+
     def execute(self, requests):
         entries = []
         for request in requests:
@@ -213,6 +224,7 @@ class TritonPythonModel:
                 request.set_release_flags(RESCHEDULE)
                 continue
             entries.append((request, key, sender))
+        self._reap({key for _, key, _ in entries})
         if not entries:
             return None
         started = time.perf_counter()
