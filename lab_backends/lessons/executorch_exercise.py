@@ -40,7 +40,7 @@ from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
 from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.handout import handout, read_c_answer
 from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S, fault
-from lab_backends.paths import MODEL_REPOSITORY
+from lab_backends.paths import MODEL_REPOSITORY, SCRATCH_DIR
 from lab_backends.server import executorch_backend, sanitizer
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
@@ -106,7 +106,8 @@ def check_binding(answer: Any, server: Any = None) -> str:
     with tempfile.TemporaryDirectory(prefix="exercise-et-") as tmp:
         repo, backends = Path(tmp) / "models", Path(tmp) / "backends"
         try:
-            executorch_backend.build(backends, binding=path, extra_flags=sanitizer.COMPILE_FLAGS, name=BACKEND)
+            executorch_backend.build(backends, binding=path, extra_flags=sanitizer.COMPILE_FLAGS, name=BACKEND,
+                                     cache_dir=SCRATCH_DIR / "executorch-exercise")
         except BackendBuildError as exc:
             raise ExerciseError(f"your {path.name} does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n"
                                 f"{exc}") from exc
