@@ -120,8 +120,8 @@ class _Driven:
         return self.count[key]
 
     def admit(self, key: str, prompt: int) -> None:
-        if not _call(f"admit({key!r}, {prompt})", self.t.admit, key, prompt):
-            raise Fault(f"admit({key!r}, {prompt}) refused with {len(self.t.free)} free blocks: leave admit() as "
+        if not _call(f"admit({key!r}, {prompt}, 64)", self.t.admit, key, prompt, 64):
+            raise Fault(f"admit({key!r}, {prompt}, 64) refused with {len(self.t.free)} free blocks: leave admit() as "
                         "handed out")
         self.count[key] = 0
 

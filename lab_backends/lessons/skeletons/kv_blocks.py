@@ -10,8 +10,9 @@ Why pages: a sequence holds ceil(tokens / block_tokens) blocks, taken one at a t
 the only memory it wastes is the unfilled tail of its last block; a contiguous cache reserves the
 longest possible sequence for every sequence up front.
 
-Admission by memory: a newcomer is admitted only when its prompt's blocks plus one are free; model.py
-lets one that does not fit wait (its request rescheduled without a step) instead of failing it.
+Admission by memory: a newcomer is admitted only when its prompt's blocks plus one are free (fewer if it
+will never hold that many); model.py lets one that does not fit wait (its request rescheduled without a
+step) instead of failing it.
 
 YOUR PART: append() and release(). Keep the three attributes as they are (model.py reads them):
 ``self.free`` (list of free block numbers), ``self.blocks`` (key -> its blocks, in position order) and
@@ -30,9 +31,10 @@ class BlockTable:
         """Blocks that hold ``tokens`` tokens: ceil(tokens / block_tokens)."""
         return -(-tokens // self.block_tokens)
 
-    def admit(self, key, prompt_tokens: int) -> bool:
-        """Start ``key`` (no blocks yet) if its prompt's blocks plus one are free; False: it must wait."""
-        if len(self.free) < self.blocks_for(prompt_tokens) + 1:
+    def admit(self, key, prompt_tokens: int, most_tokens: int) -> bool:
+        """Start ``key`` (no blocks yet) if its prompt's blocks plus one are free (or all the blocks it will ever
+        hold, ``most_tokens`` cached, if that is fewer); False: it must wait."""
+        if len(self.free) < min(self.blocks_for(prompt_tokens) + 1, self.blocks_for(most_tokens)):
             return False
         self.blocks[key] = []
         self.length[key] = 0

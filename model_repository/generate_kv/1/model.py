@@ -16,8 +16,9 @@ unfinished request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` (py
   freed when it sends its last token or its request is cancelled;
 - **freed**: at the last token, on a cancellation seen during a step, and for a sequence the scheduler
   dropped while it waited in its slot (cancelled there: see ``_reap``);
-- **admission by memory**: a newcomer whose prompt's blocks plus one are not free waits: released
-  with RESCHEDULE without a step and without a response, it is tried again at the next execution.
+- **admission by memory**: a newcomer whose prompt's blocks plus one (or all it will ever hold, if fewer)
+  are not free waits: released with RESCHEDULE without a step and without a response, it is tried again
+  at the next execution.
   A running sequence that needs a block when none is free waits the same way; if every sequence in a
   step waits, the one admitted last is preempted (its blocks freed; it comes back as a newcomer whose
   prompt is its text so far, prefilled again: vLLM's recompute preemption), so the pool never deadlocks.
@@ -151,7 +152,7 @@ class TritonPythonModel:
         if len(prompt) < 1 or n < 1 or len(prompt) + n > self.context:
             raise Refused(f"prompt of {len(prompt)} characters + MAX_TOKENS {n} must be >= 1 each and at most "
                           f"{self.context} together: shorten the prompt or ask for fewer tokens")
-        need = max(self.table.blocks_for(len(prompt)) + 1, self.table.blocks_for(len(prompt) + n - 1))
+        need = self.table.blocks_for(len(prompt) + n - 1)  # the most it will hold: its last token is never cached
         if need > self.kv_blocks:
             raise Refused(f"this sequence needs {need} KV blocks and the pool has {self.kv_blocks}: raise kv_blocks "
                           f"or block_tokens, or send a shorter one")
@@ -180,8 +181,9 @@ class TritonPythonModel:
         for request, key, sender in entries:
             if key in self.admitted:
                 continue
-            new = self.live[key]["new"]
-            if not self.table.admit(key, len(new)):
+            state = self.live[key]
+            new = state["new"]
+            if not self.table.admit(key, len(new), len(state["ids"]) - state["made"] + state["max"] - 1):
                 waiting.append((request, key, sender, None))
                 continue
             self.admitted.append(key)
