@@ -7,13 +7,18 @@ export needs numpy 2). The build is lab_libtorch's (``g++``, our warnings as err
 headers as system headers, ``-Wl,-z,defs`` against ``libtritonserver``) with what ExecuTorch needs:
 
 * ``-std=c++17`` and the definitions the wheel's libraries were built with, as its
-  ``share/cmake/executorch-config.cmake`` lists them (``C10_USING_CUSTOM_GENERATED_MACROS``,
-  ``ET_EVENT_TRACER_ENABLED``): without the second, ``Method`` and friends change layout silently;
+  ``share/cmake/executorch-config.cmake`` lists them (``EXECUTORCH_COMPILE_DEFINITIONS``):
+  ``ET_EVENT_TRACER_ENABLED`` changes inline code of the headers (``BackendInitContext``'s constructor in
+  ``runtime/backend/backend_init_context.h``, the hooks of ``runtime/core/event_tracer_hooks_delegate.h``),
+  which must be compiled as the libraries were; ``C10_USING_CUSTOM_GENERATED_MACROS`` keeps c10's
+  ``Export.h`` from including ``cmake_macros.h``, which the wheel does not ship;
 * ``include/executorch/runtime/core/portable_type/c10`` on the include path (the headers include
   ``c10/...`` from there);
 * ``-Wl,--no-as-needed`` before the kernel and XNNPACK libraries: we call none of their functions,
-  they register their kernels and the XNNPACK delegate from static constructors when loaded, and
-  the linker would otherwise drop them (then every method fails to load: "kernel not found");
+  they register their kernels and the XNNPACK delegate from static constructors when loaded, and a
+  linker that drops unreferenced libraries (``--as-needed``, the default of some distributions' gcc)
+  would leave them out: linked so here, only libexecutorch and libexecutorch_threadpool stayed NEEDED,
+  and the program's XNNPACK delegate would find no registered backend;
 * the four libraries copied next to ours and an rpath of ``$ORIGIN``. Why not an rpath into the
   venv, as lab_libtorch does into torch/lib: the venv is a build tool (741 MB, numpy 2, rebuilt when
   its pins change), while the backend folder is what a server, a container mount or a class's
