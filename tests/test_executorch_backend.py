@@ -11,6 +11,7 @@ test-only variants of a temporary repository:
   than requests, the rows per execute in batch_stats), and on ExecuTorch's shared pool too;
 * a request Triton refuses fails alone while its batch-mates are answered;
 * the statistics carry the backend's own timestamps;
+* 16 load/unload cycles leave the server's RSS flat (under half of what a leak of the program would add);
 * a config that contradicts the program's own metadata (an input's dims, a type, an output's dims, a
   max_batch_size past the exported bound), a missing program and a bad thread parameter each fail the
   load with one line naming the model, the tensor or file, and the fix.
@@ -24,6 +25,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
@@ -43,6 +45,11 @@ REFERENCE = "digits_torch"
 BAD_DIMS, BAD_DTYPE, BAD_OUTPUT, TOO_BIG, MISSING, BAD_THREADS = (
     "et_bad_dims", "et_fp64", "et_bad_output", "et_batch128", "et_missing", "et_bad_threads")
 POOL = "et_shared_pool"
+CYCLED = "et_cycle"
+#: Load/unload cycles of the RSS test, and its bound: half of what the program's 17 MiB leaked at every
+#: cycle would add from the 3rd unload to the last (the reasoning of test_native_frameworks' RSS test).
+CYCLES = 16
+RSS_BOUND_MIB = 0.5 * 17 * (CYCLES - 3)
 ENTRY_POINTS = {"TRITONBACKEND_Initialize", "TRITONBACKEND_ModelInitialize", "TRITONBACKEND_ModelFinalize",
                 "TRITONBACKEND_ModelInstanceInitialize", "TRITONBACKEND_ModelInstanceFinalize",
                 "TRITONBACKEND_ModelInstanceExecute"}
@@ -88,9 +95,13 @@ def server(library, tmp_path_factory):
     _variant(repo, MISSING, program=False)
     _variant(repo, BAD_THREADS, threads="two")
     _variant(repo, POOL, threads="0")
+    _variant(repo, CYCLED)
     models = [MODEL, REFERENCE, POOL, BAD_DIMS, BAD_DTYPE, BAD_OUTPUT, TOO_BIG, MISSING, BAD_THREADS]
-    with TritonServer([MODEL_REPOSITORY, repo], models=models, allow_broken_models=True) as srv:
-        yield srv
+    # Two malloc arenas, as test_native_frameworks' server: the RSS test then reads leaks, not arenas.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MALLOC_ARENA_MAX", "2")
+        with TritonServer([MODEL_REPOSITORY, repo], models=models, allow_broken_models=True) as srv:
+            yield srv
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +240,28 @@ def test_a_config_the_program_contradicts_fails_the_load_with_one_line(server, m
     for part in (*names, f"{model}/config.pbtxt" if model != MISSING else "config.pbtxt", fix):
         assert part in line, (part, reason)
     assert server.model_ready(MODEL) and server.model_ready(POOL)  # the others loaded and serve
+
+
+def _unloaded(server, name: str, timeout_s: float = 60.0) -> None:
+    """An unload returns before the model is gone (Triton finishes it in the background): wait for it."""
+    def state() -> str:
+        return next((m.get("state", "") for m in server.repository_index() if m["name"] == name), "")
+    poll(state, lambda s: s != "READY", timeout_s, 0.05)
+
+
+def test_load_unload_cycles_leave_the_server_rss_flat(server, pixels) -> None:
+    """Each load opens the program, plans its memory and loads the method (the XNNPACK delegate packs its
+    weights); each unload must free all of it. A leak of the program (17 MiB) grows RSS at every cycle;
+    the lowest RSS of the last three unloads is read against the 3rd."""
+    process = psutil.Process(server.pid)
+    rss = []
+    for _ in range(CYCLES):
+        server.load_model(CYCLED)
+        for n in range(1, 9):
+            infer(server, CYCLED, {"PIXELS": pixels[:n]})
+        server.unload_model(CYCLED)
+        _unloaded(server, CYCLED)
+        rss.append(process.memory_info().rss / 2**20)
+    growth = min(rss[-3:]) - rss[2]
+    print(f"RSS after each unload (MiB): {[round(r, 1) for r in rss]}; growth {growth:+.1f} MiB")
+    assert growth < RSS_BOUND_MIB, rss
