@@ -170,8 +170,9 @@ class TritonPythonModel:
         """Who advances this step: (prefills, decodes, waiting), each [(request, key, sender, slots)].
 
         Running sequences take their next slot first (a block when the last is full); then newcomers are
-        admitted while their prompt's blocks plus one are free; the rest wait. If nobody can advance, the
-        running sequence admitted last gives its blocks back and will be prefilled again (preemption).
+        admitted while their prompt's blocks plus one (or all they will hold, if fewer) are free; the rest
+        wait. If nobody can advance, the running sequence admitted last gives its blocks back and will be
+        prefilled again (preemption).
         """
         decodes, prefills, waiting, stalled = [], [], [], []
         for request, key, sender in entries:
@@ -215,9 +216,11 @@ class TritonPythonModel:
                 continue  # a null request filling an empty slot of the direct strategy: nobody to answer
             key, sender = request.correlation_id(), request.get_response_sender()
             try:
-                if request.flags() & START or key not in self.live:
+                if request.flags() & START:
                     self._forget(key)
                     self._start(request, key)
+                elif key not in self.live:  # never seen: _reap's premise would be wrong; say so, never restart it
+                    raise Refused(f"generate_kv has no state for sequence {key}: it was dropped; send it again")
             except Refused as exc:
                 self._fail(key, sender, exc)
                 continue
