@@ -81,6 +81,9 @@ CANCELLED = KvAsk("gone", "Now is better than never.", 100, cancel_after=3)
     models=(),
 )
 def _check_paged_kv_blocks(answer: object, server: RunningServer | None) -> str:
+    if answer is not None and not isinstance(answer, (str, Path)):
+        raise ExerciseError(f"the answer is the path of your file, \"exercises/kv_blocks.py\", not a "
+                            f"{type(answer).__name__}: the checker serves the file, as model.py imports it")
     path, source = read_c_answer(answer, handout(NAME), NOTEBOOK,
                                  "append() and release() of exercises/kv_blocks.py are still the skeleton's: "
                                  "write them in the file, save it, and run this cell again")
