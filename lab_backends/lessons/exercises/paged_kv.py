@@ -48,7 +48,7 @@ from lab_backends.server.running import RunningServer
 from lab_backends.server.triton_server import TritonServer
 
 NAME = "paged_kv_blocks"
-NOTEBOOK = "08c_kv_cache"
+NOTEBOOK = "08c_inside_an_llm_backend"
 SERVED = "generate_kv"
 MODEL = "kv_blocks_exercise"
 KV_BLOCKS, BLOCK_TOKENS, STEP_MS = 32, 4, 10
