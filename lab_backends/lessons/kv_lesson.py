@@ -23,6 +23,8 @@ Deferred imports: matplotlib (~1 s, only to draw) and the reference decoder (tor
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -56,7 +58,9 @@ def repositories() -> list[Path]:
     if missing:
         raise LabBackendsError(f"{missing[0]} is missing: run `lab-backends setup` (it trains kvlm and builds "
                                "lab_kvcache), then this cell again")
-    return [MODEL_REPOSITORY, paced_repository(Path(tempfile.mkdtemp(prefix="kv-paced-")))]
+    folder = Path(tempfile.mkdtemp(prefix="kv-paced-"))
+    atexit.register(shutil.rmtree, folder, True)  # 1 MB of copies a run: gone with the kernel
+    return [MODEL_REPOSITORY, paced_repository(folder)]
 
 
 def parameters(server: RunningServer, model: str) -> dict[str, str]:
