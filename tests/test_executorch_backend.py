@@ -265,3 +265,22 @@ def test_load_unload_cycles_leave_the_server_rss_flat(server, pixels) -> None:
     growth = min(rss[-3:]) - rss[2]
     print(f"RSS after each unload (MiB): {[round(r, 1) for r in rss]}; growth {growth:+.1f} MiB")
     assert growth < RSS_BOUND_MIB, rss
+
+
+def test_xnnpack_threads_one_starts_no_pool_and_zero_starts_executorchs(library, tmp_path, pixels) -> None:
+    """XNNPACK_THREADS "1": the delegate runs on the instance's own thread (NoThreadPoolGuard while the method
+    loads, when XNNPACK creates its runtime, and while it executes), so a second such model adds only what
+    Triton adds for any model; "0": ExecuTorch's process-wide pool starts with the first model that asks for
+    it, sized to the cores with the calling thread one of them (measured here, 3 runs: both "1" models added
+    2 threads, the "0" model 3). On a server of its own (the module's server already started the pool)."""
+    for name, threads in (("et_warm", "1"), ("et_own", "1"), ("et_pool", "0")):
+        _variant(tmp_path, name, threads=threads)
+    with TritonServer(tmp_path, models=[], target="local") as own:
+        process = psutil.Process(own.pid)
+        added = {}
+        for name in ("et_warm", "et_own", "et_pool"):  # the first absorbs what a server's first load starts
+            before = process.num_threads()
+            own.load_model(name)
+            infer(own, name, {"PIXELS": pixels[:64]})
+            added[name] = process.num_threads() - before
+    assert added["et_pool"] > added["et_own"], added

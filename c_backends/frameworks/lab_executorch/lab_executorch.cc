@@ -18,7 +18,8 @@
  * default_model_filename (default "model.pte"), XNNPACK_THREADS: "1" (default) runs the XNNPACK
  * delegate on the instance's own Triton thread (no pool: ExecuTorch's NoThreadPoolGuard during the
  * method's load, when XNNPACK creates its runtime, and during each execute); "0" uses ExecuTorch's
- * process-wide pool (one thread per core, shared by every instance that asks for it). Other counts
+ * process-wide pool (sized to the cores, the calling thread one of them; shared by every instance that
+ * asks for it: tests/test_executorch_backend.py counts the threads each adds). Other counts
  * are refused: the wheel ships no extension/threadpool/threadpool.h, so the pool cannot be sized here.
  *
  * Build: lab_backends.server.executorch_backend.build() (g++ -std=c++17 -Wall -Wextra -Werror,
@@ -193,8 +194,8 @@ TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, EtModel* m) {
   if (parameter(j, "XNNPACK_THREADS", &threads)) {
     if (threads != "0" && threads != "1") {
       return make_error(TRITONSERVER_ERROR_INVALID_ARG, m->where() + "parameter XNNPACK_THREADS is '" + threads +
-                        "'; use \"1\" (the instance's own thread) or \"0\" (ExecuTorch's shared pool, one thread per "
-                        "core) in " + m->spec.config_file);
+                        "'; use \"1\" (the instance's own thread) or \"0\" (ExecuTorch's shared pool, sized to the "
+                        "cores) in " + m->spec.config_file);
     }
     m->own_thread = threads == "1";
   }
