@@ -13,8 +13,9 @@ import concurrent.futures
 from pathlib import Path
 from typing import Callable
 
-from lab_backends import charlm, digits
-from lab_backends.server import cbackend, free_quarantine, native_backends
+from lab_backends import charlm, digits, kvlm
+from lab_backends.digits import executorch_env
+from lab_backends.server import cbackend, executorch_backend, free_quarantine, kv_backend, native_backends
 
 Log = Callable[[str], None]
 
@@ -22,7 +23,9 @@ Log = Callable[[str], None]
 LIBRARIES: list[tuple[str, Callable[[bool], dict[str, Path]]]] = [
     ("C backend", lambda force: cbackend.build_all(force=force)),
     ("framework backend", lambda force: native_backends.build_all(force=force)),
+    ("framework backend", lambda force: executorch_backend.build_all(force=force)),
     ("server preload", lambda force: {"free_quarantine": free_quarantine.build(force=force)}),
+    ("KV-cache backend", lambda force: kv_backend.build_all(force=force)),
 ]
 
 #: A model step takes ``force`` and a log, and returns its one-paragraph summary.
@@ -31,6 +34,10 @@ MODELS: list[Callable[[bool, Log], str]] = [
     lambda force, log: digits.build_models(force=force, log=log).summary(),
     # The character model behind generate_static / generate_iterative (notebook 08b): seconds, numpy weights.
     lambda force, log: charlm.build_charlm(force=force, log=log).summary(),
+    # kvlm, the transformer behind generate_kv and the generate_kv_* native models (issue 48): ~45 s, TorchScript.
+    lambda force, log: kvlm.build_kvlm(force=force, log=log).summary(),
+    # digits_et (lesson 09d): ExecuTorch's own venv (numpy 2; 19-50 s and 0.5-0.75 GB, once), then a ~26 s export.
+    lambda force, log: executorch_env.build_digits_et(force=force, log=log).summary(),
 ]
 
 

@@ -28,7 +28,7 @@ VERDICT_WITHIN_S = 60
 #: The refusals that name such a fault (lab_backends/lessons/native_faults.py and the checkers' deadlines).
 FAULT_NAMED = ("AddressSanitizer found", "tritonserver died", "tritonserver stopped answering", "no answer ")
 IN_PLACE = {"clip_backend": "clip.c", "one_tenant_per_batch": "tenant_batching.c",
-            "tf_gather_scatter": "tf_gather_scatter.c"}
+            "tf_gather_scatter": "tf_gather_scatter.c", "executorch_binding": "executorch_binding.cc"}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,7 @@ MEMORY_MISTAKES = {
     "clip_backend": ("writes every row into it", "frees the copy of the input before clamping it"),
     "one_tenant_per_batch": ("copies the tenant into malloc(strlen(tenant)) bytes",
                              "keeps the request's pointer and frees it"),
+    "executorch_binding": ("sizes b->input for one row",),
 }
 
 

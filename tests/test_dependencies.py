@@ -28,6 +28,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: Imported, but no pip distribution provides it (and none should be declared for it).
 NOT_FROM_PIP = {
     "triton_python_backend_utils": "the Python backend's own module: the server puts it on the stub's path",
+    "executorch": "pinned in lab_backends/digits/executorch_env.py and installed into build/executorch-venv (it needs "
+                  "numpy 2), never into the project's venv; only export_et.py, run by that venv's Python, imports it",
 }
 
 #: Files that run only under pytest (or drive it): they may also import the `test` extra.

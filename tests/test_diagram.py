@@ -47,6 +47,7 @@ def test_a_python_based_backend_is_drawn_in_the_python_box(tmp_path: Path) -> No
 def test_every_committed_model_lands_in_the_backend_that_runs_it() -> None:
     expected = {"python": "python", "sklearn": "python", "scale": "C (custom)", "digits_prep": "C (custom)",
                 "lab_tensorflow": "C (custom)", "lab_libtorch": "C (custom)", "lab_iterative": "C (custom)",
+                "lab_executorch": "C (custom)", "lab_kvcache": "C (custom)",
                 "ensemble": diagram.NO_BACKEND}
     for folder in sorted(p for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").is_file()):
         config = read_config(folder)

@@ -43,7 +43,7 @@ NBVAL_FLAGS = ["--nbval-lax", f"--nbval-sanitize-with={PROJECT_ROOT / 'tests' / 
 #: Seconds each lesson's cells took beside a one-core hog (bench/flakes.csv, 2026-12-03): the shares are
 #: balanced with them. A lesson not listed counts as :data:`UNKNOWN_S`.
 LESSON_S = {"00": 18, "01": 12, "02": 19, "03": 175, "03b": 105, "04": 19, "05": 67, "06": 30, "07": 35,
-            "08": 15, "08b": 27, "09": 35, "09b": 47, "09c": 66, "10": 51, "11": 22}
+            "08": 15, "08b": 27, "08c": 33, "09": 35, "09b": 47, "09c": 66, "09d": 25, "10": 51, "11": 22}
 UNKNOWN_S = 30
 
 

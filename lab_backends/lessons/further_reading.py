@@ -28,6 +28,8 @@ COMMON = f"https://github.com/triton-inference-server/common/blob/{RELEASE}"
 PYTORCH_BACKEND = f"https://github.com/triton-inference-server/pytorch_backend/blob/{RELEASE}"
 ONNX_BACKEND = f"https://github.com/triton-inference-server/onnxruntime_backend/blob/{RELEASE}"
 TF_BACKEND = f"https://github.com/triton-inference-server/tensorflow_backend/blob/{RELEASE}"
+TRTLLM_BACKEND = f"https://github.com/triton-inference-server/tensorrtllm_backend/blob/{RELEASE}"
+VLLM_BACKEND = f"https://github.com/triton-inference-server/vllm_backend/blob/{RELEASE}"
 
 #: Hosts a further-reading link may point at: Triton's own repositories and documentation.
 UPSTREAM_PREFIXES = (
@@ -181,6 +183,32 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
          "how a model finds, loads, checks and initializes its strategy (SetBatchingStrategy)"),
         ("volume_batching example", f"{BACKEND}/examples/batching_strategies/volume_batching/src/volume_batching.cc",
          "upstream's byte budget in C++ (it refuses a request heavier than the budget: see section 1)"),
+    ],
+    "09d": [
+        ("README.md", f"{BACKEND}/README.md#how-can-i-develop-my-own-triton-backend",
+         "how upstream says a new backend is written: a shared library implementing the backend C API"),
+        ("recommended.cc", f"{BACKEND}/examples/backends/recommended/src/recommended.cc#L248-L325",
+         "ValidateModelConfig: the recommended backend checks the config's inputs and outputs at load, the "
+         "step lab_executorch does against the program's own metadata"),
+        ("libtorch.cc", f"{PYTORCH_BACKEND}/src/libtorch.cc#L960-L1135",
+         "ValidateInputs: pytorch_backend checks the config against the TorchScript method's schema at instance load"),
+        ("recommended.cc", f"{BACKEND}/examples/backends/recommended/src/recommended.cc#L476-L746",
+         "TRITONBACKEND_ModelInstanceExecute: responses first, every request answered and released, statistics"),
+    ],
+    "08c": [
+        ("sequence_batch_scheduler.cc", f"{CORE}/src/sequence_batch_scheduler/sequence_batch_scheduler.cc#L1583-L1588",
+         "the direct batcher forms the next step only once the last execution completed: every rescheduled "
+         "sequence is in each step, which lets a backend free the blocks of one that is missing"),
+        ("Python backend: request rescheduling", f"{PYTHON_BACKEND}/README.md#request-rescheduling",
+         "set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE): how generate_kv lets a sequence wait for memory"),
+        ("TensorRT-LLM backend: model configuration", f"{TRTLLM_BACKEND}/docs/model_config.md#tensorrt_llm-model",
+         "the tensorrt_llm model's KV-cache and scheduling parameters: kv_cache_free_gpu_mem_fraction, "
+         "enable_kv_cache_reuse, enable_chunked_context, batch_scheduler_policy"),
+        ("model_instance_state.cc", f"{TRTLLM_BACKEND}/inflight_batcher_llm/src/model_instance_state.cc#L719-L755",
+         "TensorRT-LLM backend's Execute hands each request to the executor, which runs in-flight batching itself"),
+        ("vLLM backend: src/model.py", f"{VLLM_BACKEND}/src/model.py#L545-L559",
+         "execute puts every request on vLLM's AsyncLLMEngine and returns: the engine forms the steps and pages "
+         "the cache"),
     ],
     "09c": [
         ("libtorch.cc", f"{PYTORCH_BACKEND}/src/libtorch.cc#L1264-L1567",

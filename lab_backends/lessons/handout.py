@@ -64,10 +64,14 @@ HANDOUTS = (Handout("clip_backend", "clip.c", rest=("TRITONBACKEND_ModelInstance
             Handout("one_tenant_per_batch", "tenant_batching.c",
                     rest=("request_tenant", "TRITONBACKEND_ModelBatcherInitialize")),
             Handout("tf_gather_scatter", "tf_gather_scatter.c",
-                    rest=("TRITONBACKEND_ModelInstanceExecute", "TRITONBACKEND_ModelInitialize")))
+                    rest=("TRITONBACKEND_ModelInstanceExecute", "TRITONBACKEND_ModelInitialize")),
+            Handout("executorch_binding", "executorch_binding.cc",
+                    rest=("TRITONBACKEND_ModelInstanceExecute", "check_and_gather")),
+            Handout("paged_kv_blocks", "kv_blocks.py"))
 #: Headers handed out beside the skeletons, to read: the shared ones, and lab_tensorflow's own
 #: (tf_gather_scatter.c includes lab_tensorflow.h, which includes tf_proto.h).
-HEADER_DIRS = (INCLUDE_DIR, INCLUDE_DIR.parent / "frameworks" / "lab_tensorflow")
+HEADER_DIRS = (INCLUDE_DIR, INCLUDE_DIR.parent / "frameworks" / "lab_tensorflow",
+               INCLUDE_DIR.parent / "frameworks" / "lab_executorch")
 
 
 def handout(exercise: str) -> Handout:

@@ -34,6 +34,8 @@ from tritonclient.grpc import model_config_pb2
 from lab_backends.measure.loadgen import run_closed
 from lab_backends.measure.native_cost import native_bench
 from lab_backends.measure.native_cost import report as native_report
+from lab_backends.measure.new_framework_cost import bench as new_framework_bench
+from lab_backends.measure.new_framework_cost import report as new_framework_report
 from lab_backends.paths import PROJECT_ROOT
 from lab_backends.server import cbackend
 from lab_backends.server.repository import ModelConfig, config_text
@@ -125,7 +127,8 @@ def figure(frame: pd.DataFrame) -> Any:
 def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
                    log: Callable[[str], None] = print) -> pd.DataFrame:
     """Run the comparison on one fresh server; write ``backends.csv`` and ``backends.png``. Then the
-    frameworks, Python-wrapped vs native, on another (``native_backends.csv``; the printed report)."""
+    frameworks, Python-wrapped vs native, on another (``native_backends.csv``; the printed report); then the
+    digits MLP served three ways, ExecuTorch included (``new_framework.csv``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     requests, duration_s = (400, 3.0) if quick else (3000, 10.0)
@@ -139,4 +142,7 @@ def backends_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = F
     native = native_bench(*((200, 2.0) if quick else (2000, 8.0)), log=log)
     native.to_csv(out_dir / "native_backends.csv", index=False, float_format="%.4g")
     log(native_report(native))
+    three = new_framework_bench(*((200, 2.0) if quick else (2000, 8.0)), log=log)  # lesson 09d's three ways
+    three.to_csv(out_dir / "new_framework.csv", index=False, float_format="%.4g")
+    log(new_framework_report(three))
     return frame
