@@ -70,6 +70,25 @@ def _invariants(table: Any, after: str) -> None:
                     "shrinks for good")
 
 
+def _uncounted(table: Any, key: str, p: int) -> bool:
+    """Whether ``self.length[key]`` (the skeleton's count) is not p + 1 after the append of token ``p``."""
+    length = getattr(table, "length", None)
+    return isinstance(length, dict) and length.get(key) != p + 1
+
+
+def _misplaced(block: Any, offset: Any, p: int, blocks: list) -> str:
+    """Why (block, offset) is not token p's place, in the words of the mistake that gives it."""
+    if isinstance(offset, int) and offset >= BLOCK:
+        return f"offset {offset} is past the end of a block of {BLOCK}: off-by-one at a block boundary"
+    if block == p // BLOCK != blocks[p // BLOCK]:
+        return (f"{block} is the block's index in the sequence's table (p // block_tokens), not the pool's block "
+                f"number: return self.blocks[key][{p // BLOCK}]")
+    if block == blocks[p // BLOCK] and offset == (p + 1) % BLOCK:
+        return ("that offset is the NEXT token's: take the position before counting the token "
+                "(position = self.length[key], then count it)")
+    return "token p goes in block self.blocks[key][p // block_tokens] at offset p % block_tokens"
+
+
 def _grow(table: Any, key: str, upto: int) -> None:
     """Append ``key``'s tokens until it has ``upto`` cached, checking each slot and the block count."""
     while table.length_of(key) < upto:
@@ -84,9 +103,17 @@ def _grow(table: Any, key: str, upto: int) -> None:
                             f"needs {need} (blocks of {BLOCK}): no new block was taken when the last was full (or "
                             "there was none)") from None
             raise
-        if slot is None:
-            raise Fault(f"append({key!r}) returned None at token {p} while {len(table.t.free)} block(s) were free")
         blocks = table.t.blocks.get(key, [])
+        if slot is None:
+            if len(blocks) * BLOCK > p:
+                raise Fault(f"append({key!r}) returned None at token {p}, whose place is in its last block (block "
+                            f"{blocks[p // BLOCK]}, offset {p % BLOCK}: it has room): return None only when the "
+                            "sequence needs a NEW block and self.free is empty")
+            raise Fault(f"append({key!r}) returned None at token {p} while {len(table.t.free)} block(s) were free")
+        if _uncounted(table.t, key, p) and (len(blocks) != need or slot != (blocks[p // BLOCK], p % BLOCK)):
+            raise Fault(f"append({key!r}) did not count token {p}: self.length[{key!r}] is "
+                        f"{table.t.length.get(key)!r} after it, not {p + 1}, so the next call sees a wrong position; "
+                        "count it (self.length[key] = position + 1)")
         if len(blocks) > need:
             raise Fault(f"off-by-one at a block boundary: after token {p} of {key} ({p + 1} tokens, blocks of "
                         f"{BLOCK}) it holds {len(blocks)} blocks, not {need}: a new block was taken while the last "
@@ -100,11 +127,8 @@ def _grow(table: Any, key: str, upto: int) -> None:
         except (TypeError, ValueError):
             raise Fault(f"append({key!r}) returned {slot!r}: return a pair (block, offset), or None") from None
         if (block, offset) != (blocks[p // BLOCK], p % BLOCK):
-            hint = (f"offset {offset} is past the end of a block of {BLOCK}: off-by-one at a block boundary"
-                    if offset >= BLOCK else "token p goes in block self.blocks[key][p // block_tokens] at offset "
-                    "p % block_tokens")
             raise Fault(f"append({key!r}) returned ({block}, {offset}) for token {p}, whose place is "
-                        f"({blocks[p // BLOCK]}, {p % BLOCK}): {hint}")
+                        f"({blocks[p // BLOCK]}, {p % BLOCK}): {_misplaced(block, offset, p, blocks)}")
         table.count[key] = p + 1
         _invariants(table.t, f"append({key!r}) at token {p}")
 
@@ -157,7 +181,13 @@ def scenario(cls: type) -> str:
         return list(d.t.free), list(d.t.blocks.get("C", [])), getattr(d.t, "length", {}).get("C")
 
     full, before = d.count["C"], state()
-    slot = _call(f"append('C') at token {full} with no free block", d.t.append, "C")
+    try:
+        slot = _call(f"append('C') at token {full} with no free block", d.t.append, "C")
+    except Fault as fault:
+        if "IndexError" in str(fault):
+            raise Fault(f"{fault}: when a new block is needed and self.free is empty, return None (model.py lets "
+                        "the sequence wait) instead of taking one") from None
+        raise
     if slot is not None:
         raise Fault(f"append('C') returned {slot!r} at token {full}, which needs a new block, while none was free: "
                     "return None (model.py lets the sequence wait)")

@@ -14,9 +14,9 @@ Admission by memory: a newcomer is admitted only when its prompt's blocks plus o
 will never hold that many); model.py lets one that does not fit wait (its request rescheduled without a
 step) instead of failing it.
 
-YOUR PART: append() and release(). Keep the three attributes as they are (model.py reads them):
-``self.free`` (list of free block numbers), ``self.blocks`` (key -> its blocks, in position order) and
-``self.length`` (key -> tokens cached so far).
+YOUR PART: append() and release(). Keep the three attributes as they are: ``self.free`` (list of free
+block numbers) and ``self.blocks`` (key -> its blocks, in position order), which model.py reads, and
+``self.length`` (key -> tokens cached so far), which admit() starts at 0 and the checker reads.
 """
 
 
