@@ -9,7 +9,9 @@ test-only variants of a temporary repository:
 * ``digits_et`` answers every held-out digit as ``digits_torch`` does (same class, logits within 1e-4),
   also for concurrent requests of 1..8 rows gathered into shared executes (counts: fewer executes
   than requests, the rows per execute in batch_stats), and on ExecuTorch's shared pool too;
-* a request Triton refuses fails alone while its batch-mates are answered;
+* a request whose shape or type contradicts the config fails alone, the requests sent with it answered:
+  Triton's core refuses it before it is queued (core src/infer_request.cc at r24.10, L1097-L1157), so
+  with the fixed dims lab_executorch accepts, the backend's own per-request checks are never reached;
 * the statistics carry the backend's own timestamps;
 * 16 load/unload cycles leave the server's RSS flat (under half of what a leak of the program would add);
 * a config that contradicts the program's own metadata (an input's dims, a type, an output's dims, a

@@ -17,10 +17,16 @@
  * the config's), max_batch_size >= 1 and at most the program's exported batch bound,
  * default_model_filename (default "model.pte"), XNNPACK_THREADS: "1" (default) runs the XNNPACK
  * delegate on the instance's own Triton thread (no pool: ExecuTorch's NoThreadPoolGuard during the
- * method's load, when XNNPACK creates its runtime, and during each execute); "0" uses ExecuTorch's
- * process-wide pool (sized to the cores, the calling thread one of them; shared by every instance that
- * asks for it: tests/test_executorch_backend.py counts the threads each adds). Other counts
- * are refused: the wheel ships no extension/threadpool/threadpool.h, so the pool cannot be sized here.
+ * method's load, when XNNPACK creates its runtime, and during each execute, for kernels outside the
+ * delegate); "0" uses ExecuTorch's process-wide pool (sized to the cores, the calling thread one of
+ * them; shared by every instance that asks for it: tests/test_executorch_backend.py counts the threads
+ * each adds). Other counts are refused, because ExecuTorch 1.5.1 has ONE pool per process and XNNPACK
+ * takes it once per method load: libexecutorch_backend_xnnpack.so calls get_pthreadpool() at a single
+ * place, just before xnn_create_runtime_v4, and its options (workspace_sharing_mode, weight_cache_enabled)
+ * carry no thread count. libexecutorch_threadpool.so does export ThreadPool::_unsafe_reset_threadpool(n)
+ * (nm -D), but its header (extension/threadpool/threadpool.h) is not in the wheel, upstream marks it
+ * deprecated and not thread-safe, and it replaces the pool that the runtimes of models already loaded
+ * hold: it could size the pool for the whole process, never per model, and only before any "0" model.
  *
  * Build: lab_backends.server.executorch_backend.build() (g++ -std=c++17 -Wall -Wextra -Werror,
  * ExecuTorch's headers as system headers with the definitions the wheel was built with, -Wl,-z,defs
@@ -238,7 +244,7 @@ void fail_all(std::vector<Slot>& slots, const std::string& message) {
 }
 
 /* Step 0, RESPONSES: one per request before anything else; if one cannot be made none is kept and
- * Execute returns the error, Triton still owning the requests (recommended.cc L509-515 at r24.10). */
+ * Execute returns the error, Triton still owning the requests (recommended.cc L497-L517 at r24.10). */
 TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t count, std::vector<Slot>& slots) {
   for (uint32_t i = 0; i < count; ++i) {
     TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&slots[i].response, requests[i]);
@@ -253,7 +259,11 @@ TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t cou
   return nullptr;
 }
 
-/* One request's input: present, of the config's type, [rows >= 1, the config's dims], bytes that match. */
+/* One request's input: present, of the config's type, [rows >= 1, the config's dims], bytes that match.
+ * With the fixed dims this backend accepts, Triton's core has already refused such a request before it
+ * was queued (core src/infer_request.cc at r24.10, Normalize() from PrepareForInference() L883: the data
+ * type L1097-L1106, the shape L1109-L1157, the byte size L1194-L1226): these checks guard the copy below;
+ * they are not how a client hears of its mistake. */
 TRITONSERVER_Error* check_input(const EtModel& m, size_t row_bytes, TRITONBACKEND_Request* request, Slot* s) {
   TRITONSERVER_DataType dtype = TRITONSERVER_TYPE_INVALID;
   const int64_t* shape = nullptr;

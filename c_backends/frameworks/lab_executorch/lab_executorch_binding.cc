@@ -11,7 +11,9 @@
  *            into a few arenas; the runtime allocates nothing itself, we hand it those arenas
  *            (HierarchicalAllocator) and an allocator for its own structures (MemoryManager);
  *   inputs   Method::set_input with a tensor over our gathered rows: a dynamic batch dimension lets
- *            it take any row count up to the exported bound (it resizes and copies into its arena);
+ *            it take any row count up to the exported bound (it resizes and copies into its arena,
+ *            where the export planned the input, as to_executorch does by default; an input left
+ *            unplanned would alias b->input instead, runtime/executor/method.h at set_input);
  *   execute  Method::execute, once per batch;
  *   outputs  Method::get_output: a tensor in the method's arena, valid until the next execute;
  *   errors   every call returns an Error code (runtime/core/error.h): nothing throws.
