@@ -12,8 +12,9 @@ plus the paged and contiguous ones paced (every step >= 10 ms, the fixed cost of
   :func:`blocks_as_layout` and :func:`kinds_as_taught` check them against what the code says; the texts
   are compared with the reference decoder (greedy, NO cache: :mod:`lab_backends.kvlm.reference`).
 * :func:`cache_vs_recompute`, :func:`prefill_cost`, :func:`budget`: the bench's three measurements
-  (``lab-backends bench kvcache``), sized for a lesson, each a table, with the claims the lesson checks
-  (:func:`claims_cache`, :func:`claims_prefill`, :func:`claims_budget`). Evidence first from the records
+  (``lab-backends bench kvcache``, :mod:`lab_backends.measure.kv_bench`: the same functions, called here
+  with a lesson's sizes), each a table, with the claims the lesson checks (:func:`claims_cache`,
+  :func:`claims_prefill`, :func:`claims_budget`). Evidence first from the records
   (sequences at once, memory held: counts, not clocks); the timings are ratios within one run, computed
   from the server's own statistics (``batch_stats``: the forward passes' time, no transport), with bounds
   far from what was measured (a 2x slower machine slows both sides of a ratio).
@@ -25,18 +26,26 @@ from __future__ import annotations
 
 import atexit
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
-from lab_backends.charlm.text import zen
 from lab_backends.errors import LabBackendsError
 from lab_backends.kvlm import ARTIFACT, PLACEMENTS
-from lab_backends.measure.kv_bench import BLOCK_TOKENS, computed, paced, paced_repository
-from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, lesson_mix, stream_kv
+from lab_backends.measure.kv_bench import (
+    BLOCK_TOKENS,
+    STEP_MS,
+    budget_row,
+    budget_runs,
+    cache_vs_recompute,
+    complete,
+    paced,
+    paced_repository,
+    prefill_cost,
+)
+from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, stream_kv
 from lab_backends.notebook import Claim
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server.running import RunningServer
@@ -73,10 +82,7 @@ def parameters(server: RunningServer, model: str) -> dict[str, str]:
 
 def records_demo(server: RunningServer, model: str, asks: Sequence[KvAsk] = DEMO) -> KvRun:
     """``asks`` sent at once to ``model`` on one stream; every one must complete."""
-    run = stream_kv(server, model, asks, timeout_s=60)
-    if not run.complete:
-        raise LabBackendsError(f"{model}: a generation did not complete: {(run.errors or ['no FINAL'])[0][:300]}")
-    return run
+    return complete(stream_kv(server, model, asks, timeout_s=60))
 
 
 def milestones(run: KvRun) -> pd.DataFrame:
@@ -121,54 +127,9 @@ def reference_texts(asks: Sequence[KvAsk]) -> dict[str, str]:
 # ------------------------------------------------------------------------------ the measurements
 
 
-def _tokens_per_s(server: RunningServer, model: str, asks: list[KvAsk], repeats: int) -> tuple[float, float]:
-    """(streamed tokens/s, median of ``repeats``; computed tokens/s, the backend's forward passes over all of them)."""
-    before = computed(server, model)
-    streamed = statistics.median(records_demo(server, model, asks).tokens_per_s() for _ in range(repeats))
-    after = computed(server, model)
-    return streamed, (after[0] - before[0]) / ((after[1] - before[1]) / 1e9)
-
-
-def cache_vs_recompute(server: RunningServer, lengths: Sequence[int], sequences: Sequence[int] = (1,),
-                       repeats: int = 1, prompt: str = "Beautiful is bet") -> pd.DataFrame:
-    """Per sequence length (prompt + generated) and sequences at once: tokens/s with the cache (generate_kv_paged)
-    and recomputing the prefix (generate_kv_recompute), streamed (client) and computed (server's forward passes)."""
-    rows = []
-    for at_once in sequences:
-        for length in lengths:
-            asks = [KvAsk(f"c{i}", prompt, length - len(prompt)) for i in range(at_once)]
-            row: dict[str, Any] = {"sequences": at_once, "length": length}
-            for model, label in ((PAGED, "cache"), (RECOMPUTE, "recompute")):
-                row[f"{label}_tokens_per_s"], row[f"{label}_compute_tokens_per_s"] = _tokens_per_s(
-                    server, model, asks, repeats)
-            row["compute_ratio"] = row["cache_compute_tokens_per_s"] / row["recompute_compute_tokens_per_s"]
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def prefill_cost(server: RunningServer, prompts: Sequence[int], repeats: int = 1) -> pd.DataFrame:
-    """Per prompt length: the client's time to first token (median) and the prefill's compute (the server's
-    statistics for requests of MAX_TOKENS 1: one execution each, a prefill and nothing else)."""
-    text = zen()
-    records_demo(server, PAGED, [KvAsk("warm-up", text[:max(prompts)], 1)])  # a first long prompt's costs stay out
-    rows = []
-    for chars in prompts:
-        before = computed(server, PAGED)
-        ttft = [records_demo(server, PAGED, [KvAsk("t", text[:chars], 1)])["t"].ttft_s for _ in range(repeats)]
-        after = computed(server, PAGED)
-        rows.append({"prompt_chars": chars, "ttft_ms": 1e3 * statistics.median(ttft),
-                     "prefill_compute_ms": (after[1] - before[1]) / 1e6 / max(1, after[0] - before[0])})
-    return pd.DataFrame(rows)
-
-
 def budget(server: RunningServer, n: int = 32) -> dict[str, KvRun]:
     """The lesson's ``n`` requests of mixed lengths at once on the paced paged and contiguous models."""
-    runs = {}
-    for model, layout in ((PAGED, "paged"), (CONTIGUOUS, "contiguous")):
-        runs[layout] = stream_kv(server, paced(model), lesson_mix(n), timeout_s=300)
-        if not runs[layout].complete:
-            raise LabBackendsError(f"{layout}: a generation did not complete: {runs[layout].errors[:1]}")
-    return runs
+    return budget_runs(server, STEP_MS, n)
 
 
 def all_sent_before_first_final(run: KvRun) -> bool:
@@ -178,14 +139,7 @@ def all_sent_before_first_final(run: KvRun) -> bool:
 
 def budget_table(runs: dict[str, KvRun]) -> pd.DataFrame:
     """One row per layout: most and mean sequences per step (BATCH), tokens/s, reserved KV slots unused (%)."""
-    rows = []
-    for layout, run in runs.items():
-        r = run.records()
-        rows.append({"layout": layout, "requests": len(run.generations), "tokens": len(r),
-                     "max_at_once": run.max_batch(), "mean_at_once": len(r) / (1 / r["batch"]).sum(),
-                     "tokens_per_s": run.tokens_per_s(), "wall_s": run.wall_s,
-                     "waste_pct": 100 * run.waste(BLOCK_TOKENS)})
-    return pd.DataFrame(rows).set_index("layout")
+    return pd.DataFrame([budget_row(run, layout) for layout, run in runs.items()]).set_index("layout")
 
 
 def _at(table: pd.DataFrame, column: str, **where: int) -> float:

@@ -19,8 +19,10 @@ Three tables, printed and written to ``bench/``:
   tokens/s, wall time and the KV memory reserved but unused (%), unpaced and paced (the run of median
   tokens/s of ``repeats``), and how many sequences were preempted and prefilled again (re_prefills).
 
-Every figure comes from the tokens' own records (BATCH, BLOCKS) or client clocks; nothing is asserted
-here (tests/test_kv_native.py checks what must hold).
+Every figure comes from the tokens' own records (BATCH, BLOCKS), client clocks or Triton's statistics;
+nothing is asserted here (tests/test_kv_native.py checks what must hold). Notebook 08c measures with these
+same functions at lesson size (:mod:`lab_backends.lessons.kv_lesson` adds the claims it checks), so the
+lesson's numbers and the bench's are one measurement, sized two ways.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from __future__ import annotations
 import shutil
 import statistics
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pandas as pd
 
 from lab_backends.charlm.text import zen
+from lab_backends.errors import StreamingError
 from lab_backends.kvlm import PLACEMENTS, build_kvlm
 from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, lesson_mix, stream_kv
 from lab_backends.measure.stats import model_entries, settled_statistics
@@ -70,9 +73,12 @@ def paced_repository(folder: Path, step_ms: int = STEP_MS, models: tuple[str, ..
     return folder
 
 
-def _complete(run: KvRun) -> KvRun:
+def complete(run: KvRun) -> KvRun:
+    """``run``, if every generation got all its tokens and its FINAL flag; else one line naming the model."""
     if not run.complete:
-        raise RuntimeError(f"{run.model}: a generation did not complete: {run.errors[:2]}")
+        raise StreamingError(f"{run.model}: a generation did not complete: "
+                             f"{(run.errors or ['no FINAL flag'])[0].splitlines()[0][:300]}; is the server overloaded? "
+                             "run it again")
     return run
 
 
@@ -85,18 +91,24 @@ def computed(server: RunningServer, model: str) -> tuple[int, int]:
             sum(int(b["compute_infer"]["ns"]) for b in stats))
 
 
-def cache_vs_recompute(server: RunningServer, repeats: int, log: Callable[[str], None]) -> pd.DataFrame:
-    """Per sequence length, with and without the cache: the client's rate (tokens per second from the first
-    request sent to the last FINAL) and the server's compute rate (tokens per second of forward passes)."""
+def _quiet(message: str) -> None:
+    """The lesson's log: its tables speak, nothing is printed."""
+
+
+def cache_vs_recompute(server: RunningServer, lengths: Sequence[int] = LENGTHS, sequences: Sequence[int] = (1, 8),
+                       repeats: int = 1, log: Callable[[str], None] = _quiet) -> pd.DataFrame:
+    """Per sequence length (prompt + generated) and sequences at once, with and without the cache: the client's
+    rate (tokens per second from the first request sent to the last FINAL, median of ``repeats``) and the
+    server's compute rate (tokens per second of forward passes, over all the repeats)."""
     rows = []
-    for at_once in (1, 8):
-        for length in LENGTHS:
+    for at_once in sequences:
+        for length in lengths:
             asks = [KvAsk(f"c{i}", zen()[i * 40:i * 40 + PROMPT], length - PROMPT) for i in range(at_once)]
             row: dict = {"sequences": at_once, "length": length}
             for model, label in ((PAGED, "cache"), (RECOMPUTE, "recompute")):
                 before = computed(server, model)
                 row[f"{label}_tokens_per_s"] = statistics.median(
-                    _complete(stream_kv(server, model, asks)).tokens_per_s() for _ in range(repeats))
+                    complete(stream_kv(server, model, asks)).tokens_per_s() for _ in range(repeats))
                 after = computed(server, model)
                 row[f"{label}_compute_tokens_per_s"] = (after[0] - before[0]) / ((after[1] - before[1]) / 1e9)
             row["ratio"] = row["cache_tokens_per_s"] / row["recompute_tokens_per_s"]
@@ -109,13 +121,16 @@ def cache_vs_recompute(server: RunningServer, repeats: int, log: Callable[[str],
     return pd.DataFrame(rows)
 
 
-def ttft(server: RunningServer, repeats: int, log: Callable[[str], None]) -> pd.DataFrame:
-    """Per prompt length: the client's time to first token (median) and the prefill's own compute (the
-    server's compute_infer per request of MAX_TOKENS 1: one execution, one prefill)."""
+def prefill_cost(server: RunningServer, prompts: Sequence[int] = TTFT_PROMPTS, repeats: int = 1,
+                 log: Callable[[str], None] = _quiet) -> pd.DataFrame:
+    """Per prompt length: the client's time to first token (median of ``repeats``) and the prefill's own
+    compute (the server's compute_infer per request of MAX_TOKENS 1: one execution, one prefill). A prefill
+    of the longest prompt goes first, unmeasured: the first long pass's one-off costs stay out of the table."""
+    complete(stream_kv(server, PAGED, [KvAsk("warm-up", zen()[:max(prompts)], 1)]))
     rows = []
-    for chars in TTFT_PROMPTS:
+    for chars in prompts:
         before = computed(server, PAGED)
-        ms = statistics.median(_complete(stream_kv(server, PAGED, [KvAsk("t", zen()[:chars], 1)]))["t"].ttft_s * 1e3
+        ms = statistics.median(complete(stream_kv(server, PAGED, [KvAsk("t", zen()[:chars], 1)]))["t"].ttft_s * 1e3
                                for _ in range(repeats))
         after = computed(server, PAGED)
         prefill_ms = (after[1] - before[1]) / 1e6 / max(1, after[0] - before[0])
@@ -125,7 +140,15 @@ def ttft(server: RunningServer, repeats: int, log: Callable[[str], None]) -> pd.
     return pd.DataFrame(rows)
 
 
-def budget_row(run: KvRun, step_ms: int, layout: str) -> dict:
+def budget_runs(server: RunningServer, step_ms: int = STEP_MS, n: int = 32) -> dict[str, KvRun]:
+    """:func:`kv_streams.lesson_mix` of ``n`` at once to the paged, then the contiguous model (their paced
+    copies when ``step_ms`` > 0), each run complete: {"paged": run, "contiguous": run}."""
+    return {layout: complete(stream_kv(server, paced(model) if step_ms else model, lesson_mix(n), timeout_s=300))
+            for model, layout in ((PAGED, "paged"), (CONTIGUOUS, "contiguous"))}
+
+
+def budget_row(run: KvRun, layout: str, step_ms: int = STEP_MS) -> dict:
+    """One run under the budget, from its records: sequences per step (most, mean), tokens/s, KV held unused."""
     r = run.records()
     return {"layout": layout, "step_ms": step_ms, "requests": len(run.generations), "tokens": len(r),
             "max_at_once": run.max_batch(), "mean_at_once": len(r) / (1 / r["batch"]).sum(),
@@ -134,14 +157,14 @@ def budget_row(run: KvRun, step_ms: int, layout: str) -> dict:
             "re_prefills": int(((r["kind"] == "prefill") & (r["step"] > 0)).sum())}
 
 
-def budget(server: RunningServer, repeats: int, log: Callable[[str], None]) -> pd.DataFrame:
-    """Paged vs contiguous, unpaced and paced: per pair the run of median tokens/s of ``repeats``."""
+def budget(server: RunningServer, repeats: int = 1, log: Callable[[str], None] = _quiet) -> pd.DataFrame:
+    """Paged vs contiguous, unpaced and paced: per layout and pace the run of median tokens/s of ``repeats``."""
     rows = []
-    for step_ms, name in ((0, lambda m: m), (STEP_MS, paced)):
-        for model, layout in ((PAGED, "paged"), (CONTIGUOUS, "contiguous")):
-            runs = [budget_row(_complete(stream_kv(server, name(model), lesson_mix(), timeout_s=300)), step_ms, layout)
-                    for _ in range(repeats)]
-            row = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    for step_ms in (0, STEP_MS):
+        tries = [budget_runs(server, step_ms) for _ in range(repeats)]
+        for layout in ("paged", "contiguous"):
+            row = sorted((budget_row(t[layout], layout, step_ms) for t in tries),
+                         key=lambda r: r["tokens_per_s"])[len(tries) // 2]
             rows.append(row)
             log(f"  {layout:10s} step >= {step_ms:2d} ms: {row['max_at_once']:2d} at most at once (mean "
                 f"{row['mean_at_once']:.1f}), {row['tokens_per_s']:6.0f} tokens/s, {row['waste_pct']:4.1f}% of "
@@ -163,9 +186,9 @@ def kv_bench(out_dir: str | Path = PROJECT_ROOT / "bench", quick: bool = False,
             stream_kv(server, PAGED, [KvAsk("warm-up", "Beautiful", 4)])  # first-execution costs stay out
             stream_kv(server, RECOMPUTE, [KvAsk("warm-up", "Beautiful", 4)])
             log("decode with the KV cache vs recomputing the prefix:")
-            tables = {"kv_cache_vs_recompute": cache_vs_recompute(server, repeats, log)}
+            tables = {"kv_cache_vs_recompute": cache_vs_recompute(server, repeats=repeats, log=log)}
             log("time to first token against prompt length (prefill):")
-            tables["kv_ttft"] = ttft(server, repeats, log)
+            tables["kv_ttft"] = prefill_cost(server, repeats=repeats, log=log)
             log(f"the lesson's 32 requests under one budget (128 blocks x {BLOCK_TOKENS} tokens):")
             tables["kv_budget"] = budget(server, repeats, log)
     finally:
