@@ -1,6 +1,6 @@
 """Generation requests to the KV-cache models, and the records each token carries.
 
-generate_kv_paged, generate_kv_contiguous and generate_kv_recompute (and B's generate_kv in Python)
+generate_kv_paged, generate_kv_contiguous and generate_kv_recompute (and generate_kv, the Python backend)
 stream one response per token with the model's own record of the step that made it (kvlm spec):
 STEP (the token's index), KIND ("prefill" or "decode"), BATCH (sequences that advanced in that
 execution), BLOCKS (KV blocks the sequence holds after the step) and FREE_BLOCKS (the pool's). From
