@@ -624,7 +624,7 @@ TRITONSERVER_Error* start(KvInstance* in, TRITONBACKEND_Request* request, Sequen
 /* Step 0: null requests apart; a response factory for every real one (a decoupled model answers
  * through one: backend README "Decoupled Responses" at r24.10), all before anything else. If one
  * cannot be made, none is kept and Execute returns the error: Triton still owns the requests and
- * answers each with it (backend examples/backends/recommended/src/recommended.cc L509-515). A null
+ * answers each with it (backend examples/backends/recommended/src/recommended.cc L499-517). A null
  * request fills an empty slot with READY 0 (sequence_batch_scheduler.cc:1734-1768 at r24.10). */
 TRITONSERVER_Error* new_factories(TRITONBACKEND_Request** requests, uint32_t count, std::vector<Slot>& slots) {
   for (uint32_t i = 0; i < count; ++i) {

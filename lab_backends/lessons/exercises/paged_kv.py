@@ -5,7 +5,8 @@ The learner completes ``append`` (a token's place: a new block when the last is 
 out as ``exercises/kv_blocks.py``, edited in place. Why this piece and why Python: the bookkeeping is
 the idea of paged attention (vLLM's block table), a handful of lines whose every mistake has a name;
 the attention over cached keys is arithmetic a learner copies. And a Python backend's file is judged
-in seconds, where a C++ backend is rebuilt against libtorch's headers (about a minute per attempt here).
+in seconds, where a C++ backend is rebuilt against libtorch's headers first (lab_kvcache: 15-25 s of
+g++ here).
 
 The checker judges the file in two steps, and refuses with the first fault, in one line:
 
