@@ -45,7 +45,7 @@ from lab_backends.measure.kv_bench import (
     paced_repository,
     prefill_cost,
 )
-from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, stream_kv
+from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, free_blocks_after, stream_kv
 from lab_backends.notebook import Claim
 from lab_backends.paths import BACKEND_DIR, MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server.running import RunningServer
@@ -112,8 +112,7 @@ def kinds_as_taught(run: KvRun) -> bool:
 
 def pool_free_after(server: RunningServer, model: str) -> int:
     """FREE_BLOCKS in the record of a 1-token probe sent after every sequence ended (its own block freed with it)."""
-    tokens = records_demo(server, model, [KvAsk("probe", "Beautiful", 1)])["probe"].tokens
-    return tokens[-1].free_blocks
+    return free_blocks_after(server, model)
 
 
 def reference_texts(asks: Sequence[KvAsk]) -> dict[str, str]:

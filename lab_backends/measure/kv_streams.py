@@ -204,3 +204,16 @@ def stream_kv(server: RunningServer, model: str, asks: Sequence[KvAsk], timeout_
     starts = [g.sent_s for g in generations if not np.isnan(g.sent_s)]
     wall_s = max(ends) - min(starts) if ends and starts else float("nan")
     return KvRun(model, generations, wall_s, errors)
+
+
+def free_blocks_after(server: RunningServer, model: str, whole: int = -1, deadline_s: float = 0.0) -> int:
+    """FREE_BLOCKS in the record of a 1-token probe: its own block is freed with its last token, so once every
+    other sequence has ended it reads the whole pool. Sent again every 0.2 s until it reads ``whole`` or
+    ``deadline_s`` has passed (a cancellation reaches the model asynchronously); -1 if the probe got no token."""
+    end = time.monotonic() + deadline_s
+    while True:
+        tokens = stream_kv(server, model, [KvAsk("probe", "Beautiful", 1)], timeout_s=15)["probe"].tokens
+        free = tokens[-1].free_blocks if tokens else -1
+        if free == whole or not tokens or time.monotonic() >= end:
+            return free
+        time.sleep(0.2)

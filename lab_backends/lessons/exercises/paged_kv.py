@@ -34,7 +34,6 @@ import concurrent.futures
 import functools
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from lab_backends.errors import ExerciseError, ModelLoadError
@@ -42,7 +41,7 @@ from lab_backends.kvlm.build import PLACEMENTS
 from lab_backends.lessons.exercises.paged_kv_probe import probe_file
 from lab_backends.lessons.exercises.registry import exercise
 from lab_backends.lessons.handout import handout, read_c_answer
-from lab_backends.measure.kv_streams import KvAsk, KvRun, stream_kv
+from lab_backends.measure.kv_streams import KvAsk, KvRun, free_blocks_after, stream_kv
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.running import RunningServer
@@ -138,23 +137,10 @@ def serve_and_judge(answer: Path) -> str:
                 cancelled = pool.submit(stream_kv, own, MODEL, [CANCELLED], STREAM_DEADLINE_S)
                 run = stream_kv(own, MODEL, ASKS, timeout_s=STREAM_DEADLINE_S)
                 gone = cancelled.result()
-            free = free_after(own)
+            free = free_blocks_after(own, MODEL, KV_BLOCKS, deadline_s=15.0)  # a cancel lands asynchronously
         finally:
             own.stop()
     return judge(run, gone, free, {a.name: expected(a, weights) for a in ASKS})
-
-
-def free_after(server: RunningServer, deadline_s: float = 15.0) -> int:
-    """FREE_BLOCKS once every sequence ended: a 1-token probe's record (its own block freed with it), re-read until
-    the pool is whole or the deadline passes (a cancellation reaches the model asynchronously)."""
-    end, free = time.monotonic() + deadline_s, -1
-    while True:
-        run = stream_kv(server, MODEL, [KvAsk("probe", "Beautiful", 1)], timeout_s=15)
-        tokens = run["probe"].tokens
-        free = tokens[-1].free_blocks if tokens else -1
-        if free == KV_BLOCKS or time.monotonic() > end or not tokens:
-            return free
-        time.sleep(0.2)
 
 
 def judge(run: KvRun, gone: KvRun, free: int, wanted: dict[str, str]) -> str:
