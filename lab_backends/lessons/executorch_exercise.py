@@ -27,8 +27,9 @@ that faulted gets the fault's verdict (ASan's report with the line, a crash, a h
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -64,10 +65,34 @@ TASK = (
     "contradict the program, and compares requests of 1 to 8 rows, alone and together, with digits_et."
 )
 TOLERANCE = 1e-4
-#: Configs that contradict the program: (model, what to change, what the refusal must name).
-CONTRADICTIONS = (("et_bad_output", "output dims [9]", "'LOGITS'"),
-                  ("et_fp64", "input data_type TYPE_FP64", "'PIXELS'"),
-                  ("et_batch128", "max_batch_size 128", "max_batch_size"))
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """A copy of digits_et's config that contradicts its program: the model it is loaded as, the change as
+    messages say it, what the load's one line must name, and the change itself."""
+
+    model: str
+    change: str
+    named: str
+    apply: Callable[[model_config_pb2.ModelConfig], None]
+
+
+def _output_dims_9(config: model_config_pb2.ModelConfig) -> None:
+    config.output[0].dims[:] = [9]  # the program computes 10
+
+
+def _input_fp64(config: model_config_pb2.ModelConfig) -> None:
+    config.input[0].data_type = model_config_pb2.DataType.Value("TYPE_FP64")  # the program takes Float
+
+
+def _max_batch_128(config: model_config_pb2.ModelConfig) -> None:
+    config.max_batch_size = 128  # the program was exported for at most 64 rows
+
+
+CONTRADICTIONS = (Contradiction("et_bad_output", "output dims [9]", "'LOGITS'", _output_dims_9),
+                  Contradiction("et_fp64", "input data_type TYPE_FP64", "'PIXELS'", _input_fp64),
+                  Contradiction("et_batch128", "max_batch_size 128", "max_batch_size", _max_batch_128))
 BURST_ROWS = (3, 1, 8, 2, 5, 7, 4, 6, 1, 3, 8, 5, 2, 7, 6, 4)
 BURST_TRIES = 4
 ADVICE = ("Look for memory the method points into that bind() let go (every buffer must live in b), a b->input "
@@ -78,21 +103,24 @@ def read_answer(answer: Any) -> tuple[Path, str]:
     return read_c_answer(answer, HANDOUT, "09d", NOT_ATTEMPTED)
 
 
+def matching() -> str:
+    """digits_et's config beside its program's sizes (the batch bound first), as a learner compares them."""
+    config = read_config(MODEL_REPOSITORY / NATIVE)
+    return "; ".join(f"{t.name}: {model_config_pb2.DataType.Name(t.data_type)} dims {list(t.dims)}, the program's "
+                     f"sizes {[executorch_env.MAX_BATCH, *t.dims]}" for t in (*config.input, *config.output))
+
+
 def write_models(repo: Path, backend_dir: Path) -> None:
     """et_exercise (the learner's backend), et_reference (lab_executorch's own) and the contradicting configs."""
     reference_lib = executorch_backend.build()  # stale-checked: set-up built it
     (backend_dir / executorch_backend.NAME).symlink_to(reference_lib.parent, target_is_directory=True)
-    for name in (MODEL, REFERENCE_MODEL, *(c[0] for c in CONTRADICTIONS)):
+    changes = {c.model: c.apply for c in CONTRADICTIONS}
+    for name in (MODEL, REFERENCE_MODEL, *changes):
         config = read_config(MODEL_REPOSITORY / NATIVE)
         config.name = name
         config.backend = executorch_backend.NAME if name == REFERENCE_MODEL else BACKEND
         config.dynamic_batching.max_queue_delay_microseconds = 50_000  # bursts share executes
-        if name == "et_bad_output":
-            config.output[0].dims[:] = [9]
-        if name == "et_fp64":
-            config.input[0].data_type = model_config_pb2.DataType.Value("TYPE_FP64")
-        if name == "et_batch128":
-            config.max_batch_size = 128
+        changes.get(name, lambda config: None)(config)
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config_text(config))
         (repo / name / "1" / "model.pte").symlink_to(executorch_env.PLACED)
@@ -121,7 +149,7 @@ def check_binding(answer: Any, server: Any = None) -> str:
             judge.alone(40, 5)
             mixed = judge.bursts()
     return (f"{path.name} built with the rest of lab_executorch, -Werror, with AddressSanitizer; configs that "
-            f"contradict the program ({', '.join(c[1] for c in CONTRADICTIONS)}) each failed their load naming "
+            f"contradict the program ({', '.join(c.change for c in CONTRADICTIONS)}) each failed their load naming "
             f"what is wrong; requests of 1 and 5 rows alone and {mixed} concurrent requests of 1 to 8 rows in shared "
             "executes all equal digits_et's logits.")
 
@@ -151,12 +179,15 @@ class Judge:
             self.own.load_model(MODEL)
         except ModelLoadError as exc:
             self._died("while your backend loaded digits_et's program")
-            raise ExerciseError(f"the server could not load digits_et's program with your binding: {exc.reason}. "
-                                "bind() must return \"\" when the program matches the config; plan every buffer "
-                                "with the size memory_planned_buffer_size(i) says") from exc
+            said = exc.reason.splitlines()[0] if exc.reason.strip() else "(no reason given)"
+            raise ExerciseError(f"the server could not load digits_et's program with your binding: {said}. Its "
+                                f"config matches the program ({matching()}), so bind() must return \"\" for it: "
+                                "compare the sizes after the first (the batch bound) with the config's dims, and "
+                                "plan every buffer with the size memory_planned_buffer_size(i) says") from exc
 
     def contradictions(self) -> None:
-        for name, change, named in CONTRADICTIONS:
+        for contradiction in CONTRADICTIONS:
+            name, change, named = contradiction.model, contradiction.change, contradiction.named
             try:
                 self.own.load_model(name)
             except ModelLoadError as exc:

@@ -21,15 +21,23 @@
  * -Wl,-z,defs, against the executorch wheel's runtime, with AddressSanitizer), serves it as backend
  * "et_exercise" on a server of its own (a crash cannot hurt yours) with digits_et's program, and
  * sends requests of 1 to 8 rows alone and together: every answer must equal digits_et's. It also
- * loads configs that contradict the program (an output's dims, max_batch_size past the program's
- * bound): each load must fail with a line that names what is wrong.
+ * loads configs that contradict the program (an output's dims, an input's data type, max_batch_size
+ * past the program's bound): each load must fail with a line that names what is wrong.
  *
- * ExecuTorch's API (the headers under executorch/include/executorch/ in the wheel; notebook 09d shows
- * where): FileDataLoader::from, Program::load, Program::method_meta, MethodMeta (num_inputs,
- * input_tensor_meta, output_tensor_meta, num_memory_planned_buffers, memory_planned_buffer_size),
- * TensorInfo (scalar_type, sizes, nbytes), HierarchicalAllocator, MemoryManager, Program::load_method,
- * TensorImpl, Method::set_input, Method::execute, Method::get_output. Every call returns an Error or
- * a Result<T> (.ok(), .get(), .error()); nothing throws.
+ * ExecuTorch's API, by header (under executorch/include/executorch/ in the wheel, outside the file
+ * browser's reach: print any declaration in the notebook with
+ * new_framework.show_declaration("<header>", "<text of the declaration>")):
+ *   extension/data_loader/file_data_loader.h     FileDataLoader::from
+ *   runtime/executor/program.h                   Program::load, Program::method_meta, Program::load_method
+ *   runtime/executor/method_meta.h               MethodMeta (num_inputs, num_outputs, input_tensor_meta,
+ *                                                output_tensor_meta, num_memory_planned_buffers,
+ *                                                memory_planned_buffer_size), TensorInfo (scalar_type,
+ *                                                sizes, nbytes)
+ *   runtime/core/hierarchical_allocator.h        HierarchicalAllocator
+ *   runtime/executor/memory_manager.h            MemoryManager
+ *   runtime/core/portable_type/tensor_impl.h     TensorImpl (type, dim, sizes, data, dim_order, strides)
+ *   runtime/executor/method.h                    Method::set_input, Method::execute, Method::get_output
+ * Every call returns an Error or a Result<T> (.ok(), .get(), .error()); nothing throws.
  */
 #include "lab_executorch_binding.h"
 
