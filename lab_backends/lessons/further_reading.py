@@ -186,12 +186,14 @@ LINKS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "09d": [
         ("README.md", f"{BACKEND}/README.md#how-can-i-develop-my-own-triton-backend",
-         "how upstream says a new backend is written: a shared library implementing the backend C API"),
+         "how upstream says to start one: ask whether the backend already exists, then follow the tutorial of "
+         "examples/ (a shared library behind the backend C API)"),
         ("recommended.cc", f"{BACKEND}/examples/backends/recommended/src/recommended.cc#L248-L325",
          "ValidateModelConfig: the recommended backend checks the config's inputs and outputs at load, the "
          "step lab_executorch does against the program's own metadata"),
-        ("libtorch.cc", f"{PYTORCH_BACKEND}/src/libtorch.cc#L960-L1135",
-         "ValidateInputs: pytorch_backend checks the config against the TorchScript method's schema at instance load"),
+        ("libtorch.cc", f"{PYTORCH_BACKEND}/src/libtorch.cc#L959-L1133",
+         "ValidateInputs: pytorch_backend checks the config's inputs against the TorchScript method's "
+         "arguments at instance load"),
         ("recommended.cc", f"{BACKEND}/examples/backends/recommended/src/recommended.cc#L476-L746",
          "TRITONBACKEND_ModelInstanceExecute: responses first, every request answered and released, statistics"),
     ],

@@ -17,9 +17,15 @@ What the lesson reads and measures, one function each:
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import triton_to_np_dtype
 
 from lab_backends.digits import executorch_env
 from lab_backends.errors import LabBackendsError, ModelLoadError
@@ -101,6 +107,34 @@ def show_declaration(header: str, declaration: str, before: int = 6, after: int 
     return "\n".join(shown)
 
 
+@dataclass(frozen=True)
+class BoundLine:
+    """The line an instance of lab_executorch logs once its program is bound, read back."""
+
+    text: str
+    buffers: int
+    planned_bytes: int
+    batch_bound: int
+
+
+def bound_line(server: RunningServer, instance: str = f"{ET_MODEL}_0_0") -> BoundLine:
+    """``instance``'s 'bound in' line from ``server``'s log (planned buffers, their bytes, the batch bound)."""
+    line = next((t for t in server.log_text().splitlines() if f"instance '{instance}'" in t and " bound in " in t), "")
+    found = re.search(r"(\d+) planned buffer\(s\) of (\d+) bytes, batch bound (\d+)", line)
+    if found is None:
+        raise LabBackendsError(f"the server's log has no 'bound in' line of lab_executorch for instance {instance!r}: "
+                               f"load {ET_MODEL} on this server first")
+    return BoundLine(line[line.index("lab_executorch: "):].rstrip('"'), int(found[1]), int(found[2]), int(found[3]))
+
+
+def io_bytes() -> int:
+    """Bytes of digits_et's input and output at the program's batch bound, from its config's types and dims."""
+    config = read_config(MODEL_REPOSITORY / ET_MODEL)
+    row = sum(np.dtype(triton_to_np_dtype(model_config_pb2.DataType.Name(t.data_type)[len("TYPE_"):])).itemsize
+              * math.prod(t.dims) for t in (*config.input, *config.output))
+    return executorch_env.MAX_BATCH * row
+
+
 def refused_load(server: RunningServer, change: str = "dims") -> str:
     """A copy of digits_et's config whose input ``dims`` (or ``dtype``, or ``max_batch``) contradicts the
     program, loaded on ``server`` through the repository API; the one line it fails with."""
@@ -122,8 +156,7 @@ def refused_load(server: RunningServer, change: str = "dims") -> str:
 def weigh(server: RunningServer) -> pd.DataFrame:
     """Each model loaded alone on ``server`` (started with none): load time and memory added, beside what
     each way needs on disk; one row per model."""
-    loads = new_framework_cost.load_and_weigh(server, MODELS)
-    return loads.merge(new_framework_cost.footprint(), on="model").set_index("model")
+    return new_framework_cost.weighed(server, MODELS).set_index("model")
 
 
 def speed(server: RunningServer, factor: float = 1.0) -> pd.DataFrame:

@@ -104,13 +104,18 @@ def footprint(backend_dir: Path = BACKEND_DIR) -> pd.DataFrame:
     ])
 
 
+def weighed(server: Any, models: dict[str, str] = MODELS) -> pd.DataFrame:
+    """Each model loaded alone on ``server`` (started with none), beside what its way needs on disk."""
+    return load_and_weigh(server, models).merge(footprint(), on="model")
+
+
 def bench(requests: int, duration_s: float, log: Callable[[str], None] = print) -> pd.DataFrame:
     """The three rows, from one fresh server of the project's repository (``lab-backends setup`` built the
     backends and the files they load)."""
     with TritonServer(MODEL_REPOSITORY, models=[], target="local") as server:
-        loads = load_and_weigh(server, MODELS)
+        loads = weighed(server)
         measured = speed(server, MODELS, requests, duration_s, log=log)
-    return loads.merge(measured, on="model").merge(footprint(), on="model")
+    return loads.merge(measured, on="model")
 
 
 def report(frame: pd.DataFrame) -> str:

@@ -120,9 +120,10 @@ def main_object(root: Path, compiler: str, extra_flags: tuple[str, ...], cache_d
     The name holds a digest of the command and of every input's size and time, so a changed source or
     flag compiles anew; written to a temporary name and renamed (audit workers may race for it)."""
     line = compile_flags(root, compiler, extra_flags)
-    inputs = [p for p in (main_source(), *SOURCE_DIR.glob("*.h"), FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h",
-                          *cbackend.INCLUDE_DIR.glob("*.h")) if p.is_file()]
-    digest = hashlib.sha256(json.dumps([line, [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in inputs]])
+    sources = [p for p in (main_source(), *SOURCE_DIR.glob("*.h"),
+                           FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h", *cbackend.INCLUDE_DIR.glob("*.h"))
+               if p.is_file()]
+    digest = hashlib.sha256(json.dumps([line, [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]])
                             .encode()).hexdigest()[:16]
     target = Path(cache_dir) / f"{NAME}-{digest}.o"
     if target.is_file():

@@ -7,9 +7,11 @@
  *   check    Program::method_meta -> MethodMeta: the method's inputs and outputs, by position, with
  *            their scalar types and sizes (runtime/executor/method_meta.h). A .pte has no tensor names:
  *            the config's names are Triton's, its types and dims are checked against these;
- *   memory   MethodMeta::memory_planned_buffer_size(i): the export planned every intermediate tensor
- *            into a few arenas; the runtime allocates nothing itself, we hand it those arenas
- *            (HierarchicalAllocator) and an allocator for its own structures (MemoryManager);
+ *   memory   MethodMeta::memory_planned_buffer_size(i): the export planned every tensor the method
+ *            holds into one or a few arenas, which we hand it (HierarchicalAllocator), with an allocator
+ *            for its own structures (MemoryManager). A delegate allocates for itself: digits_et's plan
+ *            is its input and output at the bound only (notebook 09d checks it); XNNPACK packs the
+ *            weights and keeps its layers' intermediates in memory of its own, made at the load;
  *   inputs   Method::set_input with a tensor over our gathered rows: a dynamic batch dimension lets
  *            it take any row count up to the exported bound (it resizes and copies into its arena,
  *            where the export planned the input, as to_executorch does by default; an input left
