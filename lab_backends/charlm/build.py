@@ -11,15 +11,14 @@ Deferred import: ``train`` imports torch (1-6 s), which only a (re)build needs.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from lab_backends.built import copy_if_stale, locked, newer_than_code
 from lab_backends.paths import BUILD_DIR, MODEL_REPOSITORY
 
 from .net import CONTEXT, generate, load_weights, save_weights
@@ -53,18 +52,7 @@ class CharlmReport:
 def is_fresh(artifact: Path = ARTIFACT) -> bool:
     """True when the weights and their metrics exist and are newer than every module that makes them."""
     here = Path(__file__).resolve().parent
-    newest = max((here / name).stat().st_mtime for name in _CODE)
-    return all(p.exists() and p.stat().st_mtime >= newest for p in (artifact, artifact.with_name(METRICS.name)))
-
-
-def _copy_if_stale(src: Path, dst: Path) -> bool:
-    if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
-        return False
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
-    shutil.copy2(src, tmp)
-    os.replace(tmp, dst)  # atomic: a loading model never reads half a file
-    return True
+    return newer_than_code((artifact, artifact.with_name(METRICS.name)), (here / name for name in _CODE))
 
 
 def _train(artifact: Path, log: Callable[[str], None]) -> dict:
@@ -93,11 +81,10 @@ def build_charlm(force: bool = False, artifact: Path = ARTIFACT, placements: tup
     started = time.perf_counter()
     artifact = Path(artifact)
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    with open(artifact.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(artifact.parent / ".lock"):
         trained = force or not is_fresh(artifact)
         metrics = _train(artifact, log) if trained else json.loads(artifact.with_name(METRICS.name).read_text())
         # Only into model folders that exist (a checkout without the models gets nothing scattered around).
-        copied = [dst for dst in placements if dst.parent.parent.is_dir() and _copy_if_stale(artifact, dst)]
+        copied = [dst for dst in placements if dst.parent.parent.is_dir() and copy_if_stale(artifact, dst)]
         copied += [dst for dst in raw_placements if dst.parent.parent.is_dir() and export_if_stale(artifact, dst)]
     return CharlmReport(trained, time.perf_counter() - started, metrics, copied)

@@ -13,16 +13,15 @@ up-to-date check and ``ARTIFACT_DIR`` (imported by every ``lab_backends.digits``
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+from lab_backends.built import copy_if_stale, locked
 from lab_backends.paths import BACKEND_DIR, BUILD_DIR, MODEL_REPOSITORY, PROJECT_ROOT
 
 from .classic import CLASSIC_MODELS, save_pickle, train_classic
@@ -97,17 +96,6 @@ def load_metrics(artifact_dir: Path = ARTIFACT_DIR) -> dict:
     return json.loads((artifact_dir / METRICS_FILE).read_text())
 
 
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
     from .export import ONNX_OPSET, export_onnx, export_torchscript
     from .export_tf import export_savedmodel
@@ -143,15 +131,7 @@ def _train_and_export(artifact_dir: Path, log: Callable[[str], None]) -> dict:
 
 
 def _copy_if_stale(src: Path, dst: Path) -> bool:
-    if src.is_dir():
-        return _copy_tree_if_stale(src, dst)
-    if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
-        return False
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
-    shutil.copy2(src, tmp)
-    os.replace(tmp, dst)  # atomic: a server loading the model never reads half a file
-    return True
+    return _copy_tree_if_stale(src, dst) if src.is_dir() else copy_if_stale(src, dst)
 
 
 def _tree_stamp(root: Path) -> dict[str, tuple[int, float]]:
@@ -218,7 +198,7 @@ def build_models(
     """Train/export when stale (or ``force``), then place artifacts and install Python backends."""
     start = time.perf_counter()
     artifact_dir = Path(artifact_dir)
-    with _locked(artifact_dir):
+    with locked(artifact_dir / ".lock"):
         trained = force or not is_fresh(artifact_dir)
         metrics = _train_and_export(artifact_dir, log) if trained else load_metrics(artifact_dir)
         copied = place_artifacts(artifact_dir)

@@ -23,7 +23,6 @@ take lesson 09d; ``digits_et`` then fails to load, saying how to build it).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -32,11 +31,11 @@ import sys
 import sysconfig
 import time
 import venv
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+from lab_backends.built import locked
 from lab_backends.errors import LabBackendsError
 from lab_backends.paths import BUILD_DIR, MODEL_REPOSITORY
 
@@ -101,25 +100,14 @@ def runtime_root(venv_dir: Path = VENV_DIR) -> Path:
     return site_packages(venv_dir) / "executorch"
 
 
-@contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Set-up builds the libraries in a thread while the models build: both steps may want the venv."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_venv(venv_dir: Path = VENV_DIR, log: Callable[[str], None] = lambda m: None) -> Path:
     """Make the ExecuTorch venv when its stamp is missing or names other versions; its folder."""
     venv_dir = Path(venv_dir)
     stamp = venv_dir / STAMP
     if stamp.is_file() and stamp.read_text() == stamp_text():  # no lock to read: a class's build/ is read-only
         return venv_dir
-    with _locked(venv_dir):
+    # Set-up builds the libraries in a thread while the models build: both steps may want the venv.
+    with locked(venv_dir.parent / f".{venv_dir.name}.lock"):
         if stamp.is_file() and stamp.read_text() == stamp_text():  # made while we waited for the lock
             return venv_dir
         log(f"making the ExecuTorch build environment {venv_dir} (executorch=={EXECUTORCH_VERSION}, "
