@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
@@ -39,7 +37,7 @@ from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend, executorch_backend
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
-from lab_backends.waiting import poll
+from tests.native_checks import concurrently, counted, model_stats, unloaded
 
 pytestmark = pytest.mark.server
 MODEL = "digits_et"
@@ -118,46 +116,6 @@ def reference(server, pixels) -> np.ndarray:
                            for i in range(0, len(pixels), 64)])
 
 
-def _stats(server, model: str) -> dict:
-    return server.statistics(model)["model_stats"][0]
-
-
-def _answered(stats: dict) -> int:
-    inference = stats["inference_stats"]
-    return int(inference["success"]["count"]) + int(inference["fail"]["count"])
-
-
-def _counted(server, model: str, before: dict, requests: int, rows: int) -> dict:
-    """The statistics once they count ``requests`` more requests and ``rows`` more answered rows: a known
-    total (per-request records come before the batch's record in the backend's report())."""
-    def complete(now: dict) -> bool:
-        return (_answered(now) - _answered(before) >= requests
-                and int(now["inference_count"]) - int(before["inference_count"]) >= rows)
-
-    return poll(lambda: _stats(server, model), complete, 30.0, 0.05)
-
-
-def _concurrently(server, model: str, requests: list[np.ndarray]) -> list[object]:
-    """Send every request at once (one gRPC client per thread); each answer's LOGITS or its exception."""
-    results: list[object] = [None] * len(requests)
-    barrier = threading.Barrier(len(requests))
-
-    def send(i: int) -> None:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            barrier.wait(timeout=30)
-            try:
-                results[i] = infer(server, model, {"PIXELS": requests[i]}, client=client)["LOGITS"]
-            except InferenceServerException as exc:
-                results[i] = exc
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return results
-
-
 def test_builds_with_the_runtime_beside_it_and_exports_only_entry_points(library) -> None:
     assert library == cbackend.library_path(executorch_backend.NAME)
     assert set(cbackend.exported_symbols(library)) == ENTRY_POINTS
@@ -184,12 +142,12 @@ def test_concurrent_requests_are_gathered_into_shared_executes_and_scattered_rig
     rng = np.random.default_rng(49)
     rows = [int(n) for n in rng.integers(1, 9, 24)]
     starts = [int(rng.integers(0, len(pixels) - n)) for n in rows]
-    before = _stats(server, MODEL)
-    results = _concurrently(server, MODEL, [pixels[s:s + n] for s, n in zip(starts, rows)])
+    before = model_stats(server, MODEL)
+    results = concurrently(server, MODEL, [pixels[s:s + n] for s, n in zip(starts, rows)])
     for got, start, n in zip(results, starts, rows):
         assert isinstance(got, np.ndarray) and got.shape == (n, 10), got
         assert np.abs(got - reference[start:start + n]).max() < 1e-4
-    after = _counted(server, MODEL, before, len(rows), sum(rows))
+    after = counted(server, MODEL, before, len(rows), sum(rows))
     executions = int(after["execution_count"]) - int(before["execution_count"])
     assert int(after["inference_count"]) - int(before["inference_count"]) == sum(rows)  # rows, not requests
     assert executions < len(rows), "no two requests shared an execute: the dynamic batcher did not batch"
@@ -202,7 +160,7 @@ def test_a_request_triton_refuses_fails_alone_while_its_batch_mates_are_answered
     requests = [pixels[8 * i:8 * i + 3] for i in range(6)]
     requests[2] = np.zeros((2, 63), np.float32)
     requests[4] = pixels[32:35].astype(np.float64)
-    results = _concurrently(server, MODEL, requests)
+    results = concurrently(server, MODEL, requests)
     for i, got in enumerate(results):
         if i in (2, 4):
             assert isinstance(got, InferenceServerException), got
@@ -213,10 +171,10 @@ def test_a_request_triton_refuses_fails_alone_while_its_batch_mates_are_answered
 
 
 def test_statistics_carry_the_backends_timestamps(server, pixels) -> None:
-    before = _stats(server, MODEL)
+    before = model_stats(server, MODEL)
     for n in (1, 5, 8):
         infer(server, MODEL, {"PIXELS": pixels[:n]})
-    stats = _counted(server, MODEL, before, 3, 14)
+    stats = counted(server, MODEL, before, 3, 14)
     inference = stats["inference_stats"]
     for part in ("compute_input", "compute_infer", "compute_output"):
         assert int(inference[part]["count"]) > 0 and int(inference[part]["ns"]) > 0, part
@@ -244,13 +202,6 @@ def test_a_config_the_program_contradicts_fails_the_load_with_one_line(server, m
     assert server.model_ready(MODEL) and server.model_ready(POOL)  # the others loaded and serve
 
 
-def _unloaded(server, name: str, timeout_s: float = 60.0) -> None:
-    """An unload returns before the model is gone (Triton finishes it in the background): wait for it."""
-    def state() -> str:
-        return next((m.get("state", "") for m in server.repository_index() if m["name"] == name), "")
-    poll(state, lambda s: s != "READY", timeout_s, 0.05)
-
-
 def test_load_unload_cycles_leave_the_server_rss_flat(server, pixels) -> None:
     """Each load opens the program, plans its memory and loads the method (the XNNPACK delegate packs its
     weights); each unload must free all of it. A leak of the program (17 MiB) grows RSS at every cycle;
@@ -262,7 +213,7 @@ def test_load_unload_cycles_leave_the_server_rss_flat(server, pixels) -> None:
         for n in range(1, 9):
             infer(server, CYCLED, {"PIXELS": pixels[:n]})
         server.unload_model(CYCLED)
-        _unloaded(server, CYCLED)
+        unloaded(server, CYCLED)
         rss.append(process.memory_info().rss / 2**20)
     growth = min(rss[-3:]) - rss[2]
     print(f"RSS after each unload (MiB): {[round(r, 1) for r in rss]}; growth {growth:+.1f} MiB")

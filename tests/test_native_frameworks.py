@@ -31,14 +31,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
@@ -52,6 +50,7 @@ from lab_backends.server.processes import terminate
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
+from tests.native_checks import concurrently, counted, counts, model_stats, unloaded
 
 pytestmark = pytest.mark.server
 NATIVE = "digits_tf_native"
@@ -179,62 +178,18 @@ def reference(server, pixels) -> np.ndarray:
                            for i in range(0, len(pixels), 64)])
 
 
-def _stats(server, model: str) -> dict:
-    return server.statistics(model)["model_stats"][0]
-
-
-def _counts(stats: dict) -> tuple[int, int, int]:
-    inference = stats["inference_stats"]
-    return int(inference["success"]["count"]), int(inference["fail"]["count"]), int(stats["execution_count"])
-
-
 def _settled(server, model: str, timeout_s: float = 10.0) -> dict:
     """The statistics once two reads 100 ms apart agree: the snapshot *before* a test's requests (an
-    earlier test's last batch may still be reporting). After them, :func:`_counted` waits for the
+    earlier test's last batch may still be reporting). After them, :func:`native_checks.counted` waits for the
     known total instead."""
     deadline = time.monotonic() + timeout_s
-    last = _stats(server, model)
+    last = model_stats(server, model)
     while True:
         time.sleep(0.1)
-        now = _stats(server, model)
-        if _counts(now) == _counts(last) or time.monotonic() > deadline:
+        now = model_stats(server, model)
+        if counts(now) == counts(last) or time.monotonic() > deadline:
             return now
         last = now
-
-
-def _counted(server, model: str, before: dict, requests: int, rows: int, timeout_s: float = 30.0) -> dict:
-    """The statistics once they count ``requests`` more requests (answered or failed) and ``rows`` more
-    answered rows than ``before``: a known total, not a quiet period. Per-request statistics come
-    before the batch's record (the backends' report()): ``inference_count`` grows with each success,
-    by its rows (core src/infer_stats.cc L104-L111 at r24.10), ``execution_count`` with the batch
-    record (L386-L425), so both are waited for.
-    Past the deadline the last read is returned and the caller's assertions say what is missing."""
-    def complete(now: dict) -> bool:
-        answered = sum(_counts(now)[:2]) - sum(_counts(before)[:2])
-        return answered >= requests and int(now["inference_count"]) - int(before["inference_count"]) >= rows
-
-    return poll(lambda: _stats(server, model), complete, timeout_s, 0.05)
-
-
-def _concurrently(server, model: str, requests: list[np.ndarray]) -> list[object]:
-    """Send every request at once (one gRPC client per thread); each answer's LOGITS or its exception."""
-    results: list[object] = [None] * len(requests)
-    barrier = threading.Barrier(len(requests))
-
-    def send(i: int) -> None:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            barrier.wait(timeout=30)
-            try:
-                results[i] = infer(server, model, {"PIXELS": requests[i]}, client=client)["LOGITS"]
-            except InferenceServerException as exc:
-                results[i] = exc
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return results
 
 
 # ---------------------------------------------------------------------------------- build
@@ -298,11 +253,11 @@ def test_concurrent_requests_of_1_to_8_rows_are_gathered_and_scattered_right(ser
     rows = [int(n) for n in rng.integers(1, 9, 24)]
     starts = [int(rng.integers(0, len(pixels) - n)) for n in rows]
     before = _settled(server, model)
-    results = _concurrently(server, model, [pixels[s:s + n] for s, n in zip(starts, rows)])
+    results = concurrently(server, model, [pixels[s:s + n] for s, n in zip(starts, rows)])
     for got, start, n in zip(results, starts, rows):
         assert isinstance(got, np.ndarray) and got.shape == (n, 10), got
         assert np.abs(got - reference[start:start + n]).max() < 1e-4
-    after = _counted(server, model, before, len(rows), sum(rows))
+    after = counted(server, model, before, len(rows), sum(rows))
     requests = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
     executions = int(after["execution_count"]) - int(before["execution_count"])
     assert requests == len(rows)
@@ -315,7 +270,7 @@ def test_a_wrong_shape_or_dtype_fails_alone_while_concurrent_requests_are_answer
     requests = [pixels[8 * i:8 * i + 3] for i in range(6)]
     requests[2] = np.zeros((2, 63), np.float32)
     requests[4] = pixels[32:35].astype(np.float64)
-    results = _concurrently(server, NATIVE, requests)
+    results = concurrently(server, NATIVE, requests)
     for i, got in enumerate(results):
         if i in (2, 4):
             assert isinstance(got, InferenceServerException), got
@@ -330,14 +285,14 @@ def test_a_row_the_model_cannot_take_fails_alone_inside_its_batch(server, pixels
     requests = [pixels[10 * i:10 * i + 1 + i % 4] for i in range(8)]
     requests[5] = np.zeros((2, 63), np.float32)
     before = _settled(server, RAGGED)
-    results = _concurrently(server, RAGGED, requests)
+    results = concurrently(server, RAGGED, requests)
     for i, got in enumerate(results):
         if i == 5:
             assert isinstance(got, InferenceServerException), got
             assert "lab_tensorflow: input 'PIXELS' has shape [2, 63], but the model takes rows of [64]" in str(got)
         else:
             assert np.abs(got - reference[10 * i:10 * i + 1 + i % 4]).max() < 1e-4
-    after = _counted(server, RAGGED, before, len(requests), sum(len(r) for i, r in enumerate(requests) if i != 5))
+    after = counted(server, RAGGED, before, len(requests), sum(len(r) for i, r in enumerate(requests) if i != 5))
     assert int(after["inference_stats"]["fail"]["count"]) - int(before["inference_stats"]["fail"]["count"]) == 1
     assert int(after["execution_count"]) - int(before["execution_count"]) < len(requests)  # shared batches
     assert server.is_ready()
@@ -348,7 +303,7 @@ def test_statistics_carry_the_backends_timestamps(server, pixels, model) -> None
     before = _settled(server, model)
     for n in (1, 5, 8):
         infer(server, model, {"PIXELS": pixels[:n]})
-    stats = _counted(server, model, before, 3, 14)
+    stats = counted(server, model, before, 3, 14)
     inference = stats["inference_stats"]
     executions = int(stats["execution_count"])
     for part in ("compute_input", "compute_infer", "compute_output"):
@@ -375,7 +330,7 @@ def test_thread_parameters_reach_tensorflow(server, pixels) -> None:
         added[threads] = process.num_threads() - before
     for threads in ("1", "6"):
         server.unload_model(f"tf_native_inter{threads}")
-        _unloaded(server, f"tf_native_inter{threads}")  # their threads end before the next test counts its own
+        unloaded(server, f"tf_native_inter{threads}")  # their threads end before the next test counts its own
     assert 4 <= added["6"] - added["1"] <= 7, added
 
 
@@ -476,7 +431,7 @@ def test_a_row_of_another_width_fails_alone_inside_a_libtorch_batch(server, pixe
     requests = [pixels[10 * i:10 * i + 1 + i % 4] for i in range(8)]
     requests[5] = np.zeros((2, 63), np.float32)
     before = _settled(server, PT_RAGGED)
-    results = _concurrently(server, PT_RAGGED, requests)
+    results = concurrently(server, PT_RAGGED, requests)
     for i, got in enumerate(results):
         if i == 5:
             assert isinstance(got, InferenceServerException), got
@@ -484,20 +439,13 @@ def test_a_row_of_another_width_fails_alone_inside_a_libtorch_batch(server, pixe
         else:
             assert isinstance(got, np.ndarray), got
             assert np.abs(got - reference[10 * i:10 * i + 1 + i % 4]).max() < 1e-4
-    after = _counted(server, PT_RAGGED, before, len(requests), sum(len(r) for i, r in enumerate(requests) if i != 5))
+    after = counted(server, PT_RAGGED, before, len(requests), sum(len(r) for i, r in enumerate(requests) if i != 5))
     assert int(after["inference_stats"]["fail"]["count"]) - int(before["inference_stats"]["fail"]["count"]) == 1
     assert int(after["execution_count"]) - int(before["execution_count"]) < len(requests)  # shared batches
     assert server.is_ready()
 
 
 # ---------------------------------------------------------------------------------- memory
-def _unloaded(server, name: str, timeout_s: float = 60.0) -> None:
-    """An unload returns before the model is gone (Triton finishes it in the background): wait for it."""
-    def state() -> str:
-        return next((m.get("state", "") for m in server.repository_index() if m["name"] == name), "")
-    poll(state, lambda s: s != "READY", timeout_s, 0.05)
-
-
 def _no_load_in_flight(server, timeout_s: float = 60.0) -> None:
     """No model of the server is still loading or unloading."""
     poll(lambda: {m.get("state", "") for m in server.repository_index()}, lambda s: not s & {"LOADING", "UNLOADING"},
@@ -520,7 +468,7 @@ def test_load_unload_cycles_leave_the_server_rss_flat(server, pixels, model) -> 
         for n in range(1, 9):
             infer(server, name, {"PIXELS": pixels[:n]})
         server.unload_model(name)
-        _unloaded(server, name)
+        unloaded(server, name)
         rss.append(process.memory_info().rss / 2**20)
     growth = min(rss[-3:]) - rss[2]
     print(f"{model}: RSS after each unload (MiB): {[round(r, 1) for r in rss]}; from the 3rd to the lowest of "
