@@ -44,7 +44,7 @@ from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR
 from lab_backends.server import cbackend
 from lab_backends.server.bundle import find_bundle
-from lab_backends.server.native_backends import FRAMEWORKS_DIR, TENSORFLOW_BACKEND
+from lab_backends.server.native_backends import FRAMEWORK_INCLUDE_DIR, FRAMEWORKS_DIR, TENSORFLOW_BACKEND
 
 NAME = "lab_executorch"
 SOURCE_DIR = FRAMEWORKS_DIR / NAME
@@ -80,10 +80,11 @@ def runtime_dir() -> Path:
 
 
 def inputs(root: Path) -> list[Path]:
-    """What the library is made from: its folder, the JSON scanner, the shared headers, the server
-    library, ExecuTorch's libraries."""
+    """What the library is made from: its folder, the JSON scanner, the shared headers (C and the
+    frameworks' C++), the server library, ExecuTorch's libraries."""
     return [*SOURCE_DIR.iterdir(), FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h",
-            *cbackend.INCLUDE_DIR.glob("*.h"), find_bundle().server_library(), *(root / "lib" / n for n in LIBRARIES)]
+            *cbackend.INCLUDE_DIR.glob("*.h"), *FRAMEWORK_INCLUDE_DIR.glob("*.h"), find_bundle().server_library(),
+            *(root / "lib" / n for n in LIBRARIES)]
 
 
 def is_stale(backend_dir: Path = BACKEND_DIR) -> bool:
@@ -95,8 +96,9 @@ def is_stale(backend_dir: Path = BACKEND_DIR) -> bool:
 
 def compile_flags(root: Path, compiler: str = "g++", extra_flags: tuple[str, ...] = ()) -> list[str]:
     include = root / "include"
-    return [compiler, *CXXFLAGS, *DEFINES, *extra_flags, f"-I{cbackend.INCLUDE_DIR}", f"-I{SOURCE_DIR}",
-            f"-isystem{include}", f"-isystem{include / 'executorch' / 'runtime' / 'core' / 'portable_type' / 'c10'}"]
+    return [compiler, *CXXFLAGS, *DEFINES, *extra_flags, f"-I{cbackend.INCLUDE_DIR}", f"-I{FRAMEWORK_INCLUDE_DIR}",
+            f"-I{SOURCE_DIR}", f"-isystem{include}",
+            f"-isystem{include / 'executorch' / 'runtime' / 'core' / 'portable_type' / 'c10'}"]
 
 
 def command(root: Path, output: Path, binding: Path | None = None, compiler: str = "g++",
@@ -121,7 +123,8 @@ def main_object(root: Path, compiler: str, extra_flags: tuple[str, ...], cache_d
     flag compiles anew; written to a temporary name and renamed (audit workers may race for it)."""
     line = compile_flags(root, compiler, extra_flags)
     sources = [p for p in (main_source(), *SOURCE_DIR.glob("*.h"),
-                           FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h", *cbackend.INCLUDE_DIR.glob("*.h"))
+                           FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h", *cbackend.INCLUDE_DIR.glob("*.h"),
+                           *FRAMEWORK_INCLUDE_DIR.glob("*.h"))
                if p.is_file()]
     digest = hashlib.sha256(json.dumps([line, [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]])
                             .encode()).hexdigest()[:16]

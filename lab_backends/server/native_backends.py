@@ -46,6 +46,8 @@ from lab_backends.server import cbackend
 from lab_backends.server.bundle import find_bundle
 
 FRAMEWORKS_DIR = cbackend.C_BACKENDS_DIR / "frameworks"
+#: lab_framework_steps.h: the steps the C++ framework backends share (lab_libtorch, lab_kvcache, lab_executorch).
+FRAMEWORK_INCLUDE_DIR = FRAMEWORKS_DIR / "include"
 TENSORFLOW_BACKEND = "lab_tensorflow"
 #: The C API's header, relative to the wheel's include folder, and the libraries that export it.
 TENSORFLOW_HEADER = Path("tensorflow") / "c" / "c_api.h"
@@ -180,9 +182,10 @@ def libtorch_source() -> Path:
 
 def libtorch_inputs(runtime: FrameworkRuntime) -> list[Path]:
     """What the library is made from: its folder, the JSON scanner it shares with lab_tensorflow, the
-    shared headers, the server library, libtorch's libraries."""
+    shared headers (C and the frameworks' C++), the server library, libtorch's libraries."""
     return [*libtorch_source().parent.iterdir(), FRAMEWORKS_DIR / TENSORFLOW_BACKEND / "config_json.h",
-            *cbackend.INCLUDE_DIR.glob("*.h"), find_bundle().server_library(), *runtime.libraries]
+            *cbackend.INCLUDE_DIR.glob("*.h"), *FRAMEWORK_INCLUDE_DIR.glob("*.h"), find_bundle().server_library(),
+            *runtime.libraries]
 
 
 def libtorch_is_stale(backend_dir: Path = BACKEND_DIR, runtime: FrameworkRuntime | None = None) -> bool:
@@ -208,6 +211,7 @@ def libtorch_command(runtime: FrameworkRuntime, output: Path, abi: int, compiler
     server_lib = find_bundle().server_library()
     return [
         compiler, *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{cbackend.INCLUDE_DIR}",
+        f"-I{FRAMEWORK_INCLUDE_DIR}",
         *(f"-isystem{(runtime.include_dir / sub).resolve()}" for sub in LIBTORCH_INCLUDES),
         "-shared", "-o", str(output), str(libtorch_source()),
         "-Wl,-z,defs", str(server_lib), f"-Wl,-rpath-link,{server_lib.parent}",

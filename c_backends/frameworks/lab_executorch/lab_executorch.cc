@@ -11,7 +11,8 @@
  *             RUN the method once, SCATTER each request's rows into its own response, report
  *             statistics, release.
  * The binding (lab_executorch_binding.h) is the part that is new for a new framework; this file is
- * what every framework backend shares, and speaks only to Triton and to the binding.
+ * what every framework backend shares, and speaks only to Triton and to the binding (the steps the
+ * C++ framework backends take the same way are lab_framework_steps.h's, in c_backends/frameworks/include/).
  *
  * Config: exactly one input and one output (a .pte's method takes tensors by position; the names are
  * the config's), max_batch_size >= 1 and at most the program's exported batch bound,
@@ -32,8 +33,6 @@
  * ExecuTorch's headers as system headers with the definitions the wheel was built with, -Wl,-z,defs
  * against libtritonserver and ExecuTorch's libraries, copied next to this library: rpath $ORIGIN).
  */
-#include <time.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -44,40 +43,25 @@
 #include <executorch/extension/threadpool/threadpool_guard.h>
 #include <executorch/runtime/platform/runtime.h>
 
-extern "C" {
-#include "lab_triton.h"
-}
-#include "../lab_tensorflow/config_json.h" /* the config's tensor lists, read in plain C */
 #include "lab_executorch_binding.h"
+#include "lab_framework_steps.h" /* the steps every C++ framework backend shares; config_json.h */
 
 namespace {
+
+using lab_fw::fail;
+using lab_fw::now_ns;
+using lab_fw::Slot;
 
 constexpr const char* BACKEND = "lab_executorch";
 constexpr const char* DEFAULT_FILENAME = "model.pte";
 
 /* ------------------------------------------------------------------ small helpers */
 
-uint64_t now_ns() { /* Triton's statistics use CLOCK_MONOTONIC nanoseconds */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
+/* The message as it is, not lab_fw::make_error's one line: the binding's own line reaches the load
+ * error unchanged (notebook 09d's checker reads a learner's first line). */
 TRITONSERVER_Error* make_error(TRITONSERVER_Error_Code code, const std::string& message) {
   return TRITONSERVER_ErrorNew(code, message.c_str());
 }
-
-void log_message(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  TRITONSERVER_Error* err = TRITONSERVER_LogMessage(level, __FILE__, line, message.c_str());
-  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
-}
-#define LAB_LOG(level, message) log_message((level), __LINE__, (message))
-
-#define RETURN_IF_ERROR(expr)                   \
-  do {                                          \
-    TRITONSERVER_Error* lab_err__ = (expr);     \
-    if (lab_err__ != nullptr) return lab_err__; \
-  } while (0)
 
 /* ------------------------------------------------------------------ types: Triton <-> ExecuTorch */
 
@@ -114,15 +98,6 @@ struct EtModel {
 
   std::string where() const { return std::string(BACKEND) + ": model '" + spec.model + "': "; }
 };
-
-/* parameters { key: "KEY" value { string_value: "..." } }: {"parameters":{"KEY":{"string_value":"..."}}}. */
-bool parameter(const char* json, const char* key, std::string* out) {
-  char value[256];
-  const char* entry = json_member(json_member(json, "parameters"), key);
-  if (!json_string(json_member(entry, "string_value"), value, sizeof value)) return false;
-  *out = value;
-  return true;
-}
 
 /* Exactly one input and one output, numeric, with fixed dims (a .pte's sizes are concrete). */
 TRITONSERVER_Error* read_tensor(const EtModel& m, const char* json, const char* list, lab_et::ConfigTensor* t,
@@ -166,38 +141,16 @@ TRITONSERVER_Error* read_tensor(const EtModel& m, const char* json, const char* 
 }
 
 TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, EtModel* m) {
-  const char* name = nullptr;
-  const char* folder = nullptr;
-  uint64_t version = 0;
-  TRITONBACKEND_ArtifactType artifact = TRITONBACKEND_ARTIFACT_FILESYSTEM;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelVersion(model, &version));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelRepository(model, &artifact, &folder));
-  m->spec.model = name;
-  m->spec.config_file = std::string(folder) + "/config.pbtxt";
+  lab_fw::ModelConfig c;
+  RETURN_IF_ERROR(lab_fw::read_model_config(model, &c));
+  m->spec.model = c.name;
+  m->spec.config_file = c.config_file;
+  RETURN_IF_ERROR(lab_fw::read_max_batch_size(c, m->where(), &m->spec.max_batch_size));
+  m->spec.program_file = lab_fw::model_file(c, DEFAULT_FILENAME);
 
-  TRITONSERVER_Message* message = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelConfig(model, 1, &message));
-  const char* base = nullptr;
-  size_t size = 0;
-  TRITONSERVER_Error* err = TRITONSERVER_MessageSerializeToJson(message, &base, &size);
-  std::string json = err == nullptr ? std::string(base, size) : std::string(); /* not NUL-terminated */
-  TRITONSERVER_Error* deleted = TRITONSERVER_MessageDelete(message);
-  if (deleted != nullptr) TRITONSERVER_ErrorDelete(deleted);
-  RETURN_IF_ERROR(err);
-
-  const char* j = json.c_str();
-  if (!json_int(json_member(j, "max_batch_size"), &m->spec.max_batch_size) || m->spec.max_batch_size < 1) {
-    return make_error(TRITONSERVER_ERROR_INVALID_ARG, m->where() + "max_batch_size is 0, but this backend gathers "
-                      "requests along the first dimension; set max_batch_size: 1 or more in " + m->spec.config_file);
-  }
-  char filename[256] = "";
-  if (!json_string(json_member(j, "default_model_filename"), filename, sizeof filename) || !filename[0]) {
-    std::snprintf(filename, sizeof filename, "%s", DEFAULT_FILENAME);
-  }
-  m->spec.program_file = std::string(folder) + "/" + std::to_string(version) + "/" + filename;
+  const char* j = c.json.c_str();
   std::string threads;
-  if (parameter(j, "XNNPACK_THREADS", &threads)) {
+  if (lab_fw::parameter(j, "XNNPACK_THREADS", &threads)) {
     if (threads != "0" && threads != "1") {
       return make_error(TRITONSERVER_ERROR_INVALID_ARG, m->where() + "parameter XNNPACK_THREADS is '" + threads +
                         "'; use \"1\" (the instance's own thread) or \"0\" (ExecuTorch's shared pool, sized to the "
@@ -211,31 +164,8 @@ TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, EtModel* m) {
 
 /* ------------------------------------------------------------------ execute */
 
-/* Per request inside one Execute call. */
-struct Slot {
-  TRITONBACKEND_Response* response = nullptr; /* nullptr once answered (or never created) */
-  TRITONBACKEND_Input* input = nullptr;
-  uint64_t bytes = 0;
-  uint32_t buffers = 0;
-  int64_t rows = 0;   /* this request's own batch size: the first dimension of its input */
-  int64_t offset = 0; /* its first row in the gathered input */
-  bool ok = false;
-};
-
-/* Answer one request with an error now; its batch-mates go on (recommended.cc's
- * RESPOND_AND_SET_NULL_IF_ERROR). ResponseSend takes the response, never the error. */
-void fail(Slot* s, TRITONSERVER_Error* err) {
-  if (s->response != nullptr) {
-    TRITONSERVER_Error* sent = TRITONBACKEND_ResponseSend(s->response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
-    if (sent != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("failed to send an error response: ") + TRITONSERVER_ErrorMessage(sent));
-      TRITONSERVER_ErrorDelete(sent);
-    }
-  }
-  TRITONSERVER_ErrorDelete(err);
-  s->response = nullptr;
-  s->ok = false;
-}
+/* Per request inside one Execute call: lab_fw::Slot (its offset is its first row in the gathered
+ * input); lab_fw::fail answers one with an error, its batch-mates going on. */
 
 void fail_all(std::vector<Slot>& slots, const std::string& message) {
   for (Slot& s : slots) {
@@ -243,21 +173,7 @@ void fail_all(std::vector<Slot>& slots, const std::string& message) {
   }
 }
 
-/* Step 0, RESPONSES: one per request before anything else; if one cannot be made none is kept and
- * Execute returns the error, Triton still owning the requests (recommended.cc L497-L517 at r24.10). */
-TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t count, std::vector<Slot>& slots) {
-  for (uint32_t i = 0; i < count; ++i) {
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&slots[i].response, requests[i]);
-    if (err == nullptr) continue;
-    for (uint32_t j = 0; j < i; ++j) { /* not sent: still ours to delete */
-      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(slots[j].response);
-      if (del != nullptr) TRITONSERVER_ErrorDelete(del);
-      slots[j].response = nullptr;
-    }
-    return err;
-  }
-  return nullptr;
-}
+/* Step 0, RESPONSES: lab_fw::new_responses, one per request before anything else, or none. */
 
 /* One request's input: present, of the config's type, [rows >= 1, the config's dims], bytes that match.
  * With the fixed dims this backend accepts, Triton's core has already refused such a request before it
@@ -328,62 +244,12 @@ int64_t check_and_gather(const EtModel& m, lab_et::Binding* b, TRITONBACKEND_Req
 void scatter(const EtModel& m, size_t out_row_bytes, const uint8_t* data, std::vector<Slot>& slots) {
   std::vector<int64_t> shape{0};
   shape.insert(shape.end(), m.spec.output.dims.begin(), m.spec.output.dims.end());
+  const char* rows = reinterpret_cast<const char*>(data);
   for (Slot& s : slots) {
     if (!s.ok) continue;
     shape[0] = s.rows;
-    TRITONBACKEND_Output* output = nullptr;
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType mem = TRITONSERVER_MEMORY_CPU;
-    int64_t mem_id = 0;
-    const uint64_t bytes = static_cast<uint64_t>(s.rows) * out_row_bytes;
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(s.response, &output, m.spec.output.name.c_str(),
-                                                           m.output_type, shape.data(),
-                                                           static_cast<uint32_t>(shape.size()));
-    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &mem, &mem_id);
-    if (err == nullptr && mem == TRITONSERVER_MEMORY_GPU) {
-      err = make_error(TRITONSERVER_ERROR_UNSUPPORTED, std::string(BACKEND) + ": output buffer in GPU memory");
-    }
-    if (err != nullptr) {
-      fail(&s, err);
-      continue;
-    }
-    std::memcpy(buffer, data + static_cast<uint64_t>(s.offset) * out_row_bytes, bytes);
-    err = TRITONBACKEND_ResponseSend(s.response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr);
-    s.response = nullptr; /* Triton's now, even if the send failed (lab_triton.h, ResponseSend) */
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string(BACKEND) + ": send failed: " + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-      s.ok = false;
-    }
-  }
-}
-
-/* Step 5, REPORT and RELEASE: per-request statistics before each release, then one batch record
- * with the rows answered (core src/infer_stats.cc L104-L111, L386-L425 at r24.10). compute_input =
- * check + gather, compute_infer = execute, compute_output = scatter. */
-void report(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const std::vector<Slot>& slots,
-            const uint64_t stamps[4]) {
-  uint64_t rows = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], slots[i].ok, stamps[0],
-                                                                          stamps[1], stamps[2], stamps[3]);
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("statistics: ") + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-    }
-    err = TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("release: ") + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-    }
-    if (slots[i].ok) rows += static_cast<uint64_t>(slots[i].rows);
-  }
-  if (rows == 0) return;
-  TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, rows, stamps[0], stamps[1],
-                                                                             stamps[2], stamps[3]);
-  if (err != nullptr) {
-    LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("batch statistics: ") + TRITONSERVER_ErrorMessage(err));
-    TRITONSERVER_ErrorDelete(err);
+    lab_fw::send_rows(&s, BACKEND, m.spec.output.name, m.output_type, shape,
+                      rows + static_cast<uint64_t>(s.offset) * out_row_bytes, static_cast<uint64_t>(s.rows) * out_row_bytes);
   }
 }
 
@@ -404,10 +270,7 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   (void)backend;
   uint32_t major = 0, minor = 0;
   RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
-  if (major != LAB_TRITONBACKEND_API_MAJOR || minor < LAB_TRITONBACKEND_API_MINOR) {
-    return make_error(TRITONSERVER_ERROR_UNSUPPORTED, std::string(BACKEND) + ": the server's backend API is " +
-                      std::to_string(major) + "." + std::to_string(minor) + "; this backend needs 1.x with x >= 19");
-  }
+  RETURN_IF_ERROR(lab_fw::check_api_version(BACKEND, major, minor));
   executorch::runtime::runtime_init();
   LAB_LOG(TRITONSERVER_LOG_INFO, std::string(BACKEND) + ": ExecuTorch runtime initialized, Triton backend API " +
                                  std::to_string(major) + "." + std::to_string(minor));
@@ -426,24 +289,17 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
-  delete static_cast<EtModel*>(state);
-  return nullptr;
+  return lab_fw::delete_model_state<EtModel>(model);
 }
 
 /* Once per instance: bind the program to the runtime (lab_executorch_binding.cc). A failure fails the
  * load with the binding's one line; the finalize then finds NULL (core src/backend_model_instance.cc
  * L305-311 at r24.10). XNNPACK creates its runtime, with or without a pool, inside bind(). */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
-  TRITONBACKEND_Model* model = nullptr;
   const char* name = nullptr;
-  void* model_state = nullptr;
   RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &model_state));
   auto in = std::make_unique<EtInstance>();
-  in->model = static_cast<EtModel*>(model_state);
+  RETURN_IF_ERROR(lab_fw::model_state_of(instance, &in->model));
   in->binding.spec = in->model->spec;
   const uint64_t started = now_ns();
   std::string why;
@@ -467,11 +323,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   return nullptr;
 }
 
+/* The method goes first, then its memory (Binding's member order). */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  delete static_cast<EtInstance*>(state); /* the method first, then its memory (Binding's member order) */
-  return nullptr;
+  return lab_fw::delete_instance_state<EtInstance>(instance);
 }
 
 /* One batch, formed by the dynamic batcher. Once responses exist every request gets a response and
@@ -479,12 +333,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInsta
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, uint32_t count) {
   uint64_t stamps[4] = {now_ns(), 0, 0, 0}; /* exec start, compute start, compute end, exec end */
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  EtInstance* in = static_cast<EtInstance*>(state);
+  EtInstance* in = nullptr;
+  RETURN_IF_ERROR(lab_fw::instance_state_of(instance, &in));
   const EtModel& m = *in->model;
   std::vector<Slot> slots(count);
-  RETURN_IF_ERROR(new_responses(requests, count, slots)); /* nothing sent yet: Triton answers them */
+  RETURN_IF_ERROR(lab_fw::new_responses(requests, count, slots)); /* nothing sent yet: Triton answers them */
 
   const int64_t rows = check_and_gather(m, &in->binding, requests, slots);
   stamps[1] = now_ns();
@@ -498,11 +351,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   stamps[2] = now_ns();
   if (rows > 0 && why.empty()) scatter(m, in->binding.out_row_bytes, output, slots);
   else if (rows > 0) fail_all(slots, why);
-  for (Slot& s : slots) { /* nothing may stay unanswered */
-    if (s.response != nullptr) fail(&s, make_error(TRITONSERVER_ERROR_INTERNAL, m.where() + "the batch could not run"));
-  }
+  lab_fw::fail_unanswered(slots, m.where() + "the batch could not run");
   stamps[3] = now_ns();
-  report(instance, requests, slots, stamps);
+  /* Step 5, REPORT and RELEASE (lab_fw::report): compute_input = check + gather, compute_infer =
+   * execute, compute_output = scatter. */
+  lab_fw::report(instance, requests, slots, stamps);
   return nullptr;
 }
 

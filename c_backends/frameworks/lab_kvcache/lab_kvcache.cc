@@ -43,8 +43,6 @@
  * Build: lab_backends.server.kv_backend.build_kvcache() (native_backends' g++ line for libtorch:
  * -std=c++20 -Wall -Wextra -Werror, torch's headers as system headers, its ABI, -Wl,-z,defs, rpath).
  */
-#include <time.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -60,12 +58,14 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
-extern "C" {
-#include "lab_triton.h"
-}
-#include "../lab_tensorflow/config_json.h" /* the config's parameters, read in plain C */
+#include "lab_framework_steps.h" /* the steps every C++ framework backend shares; config_json.h */
 
 namespace {
+
+using lab_fw::drop;
+using lab_fw::make_error;
+using lab_fw::now_ns;
+using lab_fw::one_line;
 
 constexpr const char* BACKEND = "lab_kvcache";
 constexpr const char* MODEL_FILE = "kvlm.pt";
@@ -73,40 +73,6 @@ constexpr int64_t HEAD_DIM = 16;
 constexpr int64_t MAX_LENGTH = 256; /* the model's positions: prompt + generated tokens <= 256 */
 
 /* ------------------------------------------------------------------ small helpers */
-
-uint64_t now_ns() { /* Triton's statistics use CLOCK_MONOTONIC nanoseconds */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-std::string one_line(std::string text, size_t limit = 600) {
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  if (text.size() > limit) text = text.substr(0, limit) + " ...";
-  return text;
-}
-
-TRITONSERVER_Error* make_error(TRITONSERVER_Error_Code code, const std::string& message) {
-  return TRITONSERVER_ErrorNew(code, one_line(message, 2000).c_str());
-}
-
-void log_message(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  TRITONSERVER_Error* err = TRITONSERVER_LogMessage(level, __FILE__, line, message.c_str());
-  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
-}
-#define LAB_LOG(level, message) log_message((level), __LINE__, (message))
-
-void drop(TRITONSERVER_Error* err) {
-  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
-}
-
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    TRITONSERVER_Error* lab_err__ = (expr);    \
-    if (lab_err__ != nullptr) return lab_err__; \
-  } while (0)
 
 std::string torch_message(const std::exception& ex) {
   const auto* c10 = dynamic_cast<const c10::Error*>(&ex);
@@ -143,16 +109,8 @@ struct KvModel {
   int64_t max_blocks() const { return (MAX_LENGTH + block_tokens - 1) / block_tokens; }
 };
 
-/* parameters { key: "KEY" value { string_value: "..." } } as text. */
-bool parameter(const char* json, const char* key, std::string* out) {
-  char value[256];
-  if (!json_string(json_member(json_member(json_member(json, "parameters"), key), "string_value"), value,
-                   sizeof value)) {
-    return false;
-  }
-  *out = value;
-  return true;
-}
+/* parameters { key: "KEY" value { string_value: "..." } } as text: lab_fw::parameter. */
+using lab_fw::parameter;
 
 /* A whole-number parameter in [low, high]; absent: the fallback (or an error when there is none). */
 TRITONSERVER_Error* number(const KvModel& m, const char* json, const char* key, int64_t low, int64_t high,
@@ -207,28 +165,14 @@ TRITONSERVER_Error* check_scheduling(const KvModel& m, const std::string& json) 
 }
 
 TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, KvModel* m) {
-  const char* name = nullptr;
-  const char* folder = nullptr;
-  uint64_t version = 0;
-  TRITONBACKEND_ArtifactType artifact = TRITONBACKEND_ARTIFACT_FILESYSTEM;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelVersion(model, &version));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelRepository(model, &artifact, &folder));
-  m->name = name;
-  m->config_file = std::string(folder) + "/config.pbtxt";
-  m->model_file = std::string(folder) + "/" + std::to_string(version) + "/" + MODEL_FILE;
+  lab_fw::ModelConfig c;
+  RETURN_IF_ERROR(lab_fw::read_model_config(model, &c));
+  m->name = c.name;
+  m->config_file = c.config_file;
+  m->model_file = c.folder + "/" + std::to_string(c.version) + "/" + MODEL_FILE; /* no default_model_filename */
+  RETURN_IF_ERROR(check_scheduling(*m, c.json));
 
-  TRITONSERVER_Message* message = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelConfig(model, 1, &message));
-  const char* base = nullptr;
-  size_t size = 0;
-  TRITONSERVER_Error* err = TRITONSERVER_MessageSerializeToJson(message, &base, &size);
-  const std::string json = err == nullptr ? std::string(base, size) : std::string(); /* not NUL-terminated */
-  drop(TRITONSERVER_MessageDelete(message));
-  RETURN_IF_ERROR(err);
-  RETURN_IF_ERROR(check_scheduling(*m, json));
-
-  const char* j = json.c_str();
+  const char* j = c.json.c_str();
   std::string layout;
   if (!parameter(j, "kv_layout", &layout)) layout = "paged";
   if (layout == "paged") m->layout = Layout::PAGED;
@@ -965,11 +909,7 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   (void)backend;
   uint32_t major = 0, minor = 0;
   RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
-  if (major != LAB_TRITONBACKEND_API_MAJOR || minor < LAB_TRITONBACKEND_API_MINOR) {
-    return make_error(TRITONSERVER_ERROR_UNSUPPORTED, std::string(BACKEND) + ": the server's backend API is " +
-                      std::to_string(major) + "." + std::to_string(minor) + "; this backend needs 1.x with x >= 19");
-  }
-  return nullptr;
+  return lab_fw::check_api_version(BACKEND, major, minor);
 }
 
 /* Once per model version: the config and the weights. The state is set last: Triton calls
@@ -991,22 +931,15 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
-  delete static_cast<KvModel*>(state);
-  return nullptr;
+  return lab_fw::delete_model_state<KvModel>(model);
 }
 
 /* Once per instance: its KV pool, preallocated and zeroed. Each instance has its own sequence
  * batcher and slots (sequence_batch_scheduler.cc:160-174 at r24.10), so a sequence always comes
  * back to the same instance and its blocks. State set last (src/backend_model_instance.cc:305-311). */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
-  TRITONBACKEND_Model* model = nullptr;
-  void* model_state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &model_state));
   auto in = std::make_unique<KvInstance>();
-  in->model = static_cast<KvModel*>(model_state);
+  RETURN_IF_ERROR(lab_fw::model_state_of(instance, &in->model));
   const KvModel& m = *in->model;
   if (m.threads > 0) at::set_num_threads(static_cast<int>(m.threads));
   const int64_t blocks = m.layout == Layout::RECOMPUTE ? 1 : m.kv_blocks; /* recompute keeps no K/V */
@@ -1024,11 +957,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   return nullptr;
 }
 
+/* The pool and every sequence go with the instance. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  delete static_cast<KvInstance*>(state); /* the pool and every sequence go with it */
-  return nullptr;
+  return lab_fw::delete_instance_state<KvInstance>(instance);
 }
 
 /* One step of every sequence slot (or a null request for an empty one), formed only after the
@@ -1037,9 +968,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInsta
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, uint32_t count) {
   uint64_t stamps[4] = {now_ns(), 0, 0, 0}; /* exec start, compute start, compute end, exec end */
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  KvInstance* in = static_cast<KvInstance*>(state);
+  KvInstance* in = nullptr;
+  RETURN_IF_ERROR(lab_fw::instance_state_of(instance, &in));
   std::vector<Slot> slots(count);
   RETURN_IF_ERROR(new_factories(requests, count, slots)); /* step 0: nothing sent yet */
   c10::InferenceMode guard;

@@ -13,8 +13,9 @@
  *             statistics, release. (Only a config with a -1 dim can bring rows of several shapes
  *             into one batch: then one tensor and one forward per shape, see Group.)
  * The module is a C++ file against lab_triton.h (C linkage below); the helpers of
- * lab_backend_util.h are C (void* conversions), so the few this backend needs are written here in
- * C++, with RAII. Every exception libtorch throws is caught at the boundary of the step that
+ * lab_backend_util.h are C (void* conversions), so the few this backend needs are written in C++,
+ * with RAII, in lab_framework_steps.h (c_backends/frameworks/include/, shared with lab_executorch
+ * and lab_kvcache: responses, the send, statistics and release) and here (libtorch's own). Every exception libtorch throws is caught at the boundary of the step that
  * called it: none may cross into Triton (an escaped exception ends the server process; the test
  * switch LAB_TEST_UNGUARDED_FORWARD shows it).
  *
@@ -30,7 +31,6 @@
  * against libtritonserver and the wheel's libtorch_cpu/libc10, rpath to torch/lib).
  */
 #include <sys/stat.h>
-#include <time.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -45,12 +45,13 @@
 #include <torch/headeronly/version.h>
 #include <torch/script.h>
 
-extern "C" {
-#include "lab_triton.h"
-}
-#include "../lab_tensorflow/config_json.h" /* the config's tensor lists, read in plain C */
+#include "lab_framework_steps.h" /* the steps every C++ framework backend shares; config_json.h */
 
 namespace {
+
+using lab_fw::make_error;
+using lab_fw::now_ns;
+using lab_fw::one_line;
 
 constexpr const char* BACKEND = "lab_libtorch";
 constexpr const char* DEFAULT_FILENAME = "model.pt";
@@ -58,38 +59,6 @@ constexpr int MAX_DIMS = 8;
 constexpr long MAX_THREADS = 1024;
 
 /* ------------------------------------------------------------------ small helpers */
-
-uint64_t now_ns() { /* Triton's statistics use CLOCK_MONOTONIC nanoseconds */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-/* One line: libtorch's messages carry newlines (a TorchScript traceback); a load error must read as
- * one line in the server log and in the repository index. */
-std::string one_line(std::string text, size_t limit = 600) {
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  if (text.size() > limit) text = text.substr(0, limit) + " ...";
-  return text;
-}
-
-TRITONSERVER_Error* make_error(TRITONSERVER_Error_Code code, const std::string& message) {
-  return TRITONSERVER_ErrorNew(code, one_line(message, 2000).c_str());
-}
-
-void log_message(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  TRITONSERVER_Error* err = TRITONSERVER_LogMessage(level, __FILE__, line, message.c_str());
-  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
-}
-#define LAB_LOG(level, message) log_message((level), __LINE__, (message))
-
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    TRITONSERVER_Error* lab_err__ = (expr);    \
-    if (lab_err__ != nullptr) return lab_err__; \
-  } while (0)
 
 /* What libtorch says, in one line: without the C++ backtrace c10::Error appends, and of a
  * TorchScript traceback ("The following operation failed in the TorchScript interpreter. Traceback
@@ -165,15 +134,6 @@ struct TorchModel {
   std::string where() const { return std::string(BACKEND) + ": model '" + name + "': "; }
 };
 
-/* parameters { key: "KEY" value { string_value: "..." } }: {"parameters":{"KEY":{"string_value":"..."}}}. */
-bool parameter(const char* json, const char* key, std::string* out) {
-  char value[256];
-  const char* entry = json_member(json_member(json, "parameters"), key);
-  if (!json_string(json_member(entry, "string_value"), value, sizeof value)) return false;
-  *out = value;
-  return true;
-}
-
 /* Exactly one input and one output: the gather and the scatter move one tensor (pytorch_backend
  * loops the same code over every input and output, by position: INPUT__0, OUTPUT__0 ...). */
 TRITONSERVER_Error* read_tensor(const TorchModel& m, const char* json, const char* list, ConfigTensor* t) {
@@ -218,41 +178,17 @@ TRITONSERVER_Error* read_tensor(const TorchModel& m, const char* json, const cha
 }
 
 TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, TorchModel* m) {
-  const char* name = nullptr;
-  const char* folder = nullptr;
-  uint64_t version = 0;
-  TRITONBACKEND_ArtifactType artifact = TRITONBACKEND_ARTIFACT_FILESYSTEM;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelVersion(model, &version));
-  RETURN_IF_ERROR(TRITONBACKEND_ModelRepository(model, &artifact, &folder));
-  m->name = name;
-  m->config_file = std::string(folder) + "/config.pbtxt";
-
-  TRITONSERVER_Message* message = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelConfig(model, 1, &message));
-  const char* base = nullptr;
-  size_t size = 0;
-  TRITONSERVER_Error* err = TRITONSERVER_MessageSerializeToJson(message, &base, &size);
-  std::string json = err == nullptr ? std::string(base, size) : std::string(); /* not NUL-terminated */
-  TRITONSERVER_Error* deleted = TRITONSERVER_MessageDelete(message);
-  if (deleted != nullptr) TRITONSERVER_ErrorDelete(deleted);
-  RETURN_IF_ERROR(err);
-
-  const char* j = json.c_str();
+  lab_fw::ModelConfig c;
+  RETURN_IF_ERROR(lab_fw::read_model_config(model, &c));
+  m->name = c.name;
+  m->config_file = c.config_file;
   int64_t max_batch = 0;
-  if (!json_int(json_member(j, "max_batch_size"), &max_batch) || max_batch < 1) {
-    return make_error(TRITONSERVER_ERROR_INVALID_ARG,
-                 m->where() + "max_batch_size is 0, but this backend gathers requests along the first "
-                 "dimension; set max_batch_size: 1 or more in " + m->config_file);
-  }
-  char filename[256] = "";
-  if (!json_string(json_member(j, "default_model_filename"), filename, sizeof filename) || !filename[0]) {
-    std::snprintf(filename, sizeof filename, "%s", DEFAULT_FILENAME);
-  }
-  m->model_file = std::string(folder) + "/" + std::to_string(version) + "/" + filename;
+  RETURN_IF_ERROR(lab_fw::read_max_batch_size(c, m->where(), &max_batch));
+  m->model_file = lab_fw::model_file(c, DEFAULT_FILENAME);
 
+  const char* j = c.json.c_str();
   std::string text;
-  if (parameter(j, "INTRA_OP_THREAD_COUNT", &text)) {
+  if (lab_fw::parameter(j, "INTRA_OP_THREAD_COUNT", &text)) {
     errno = 0;
     char* end = nullptr;
     long v = std::strtol(text.c_str(), &end, 10);
@@ -264,7 +200,7 @@ TRITONSERVER_Error* read_config(TRITONBACKEND_Model* model, TorchModel* m) {
     }
     m->intra_threads = v;
   }
-  m->unguarded_forward = parameter(j, "LAB_TEST_UNGUARDED_FORWARD", &text) && text == "1";
+  m->unguarded_forward = lab_fw::parameter(j, "LAB_TEST_UNGUARDED_FORWARD", &text) && text == "1";
   RETURN_IF_ERROR(read_tensor(*m, j, "input", &m->input));
   return read_tensor(*m, j, "output", &m->output);
 }
@@ -374,18 +310,12 @@ TRITONSERVER_Error* probe(TorchInstance* in) {
 
 /* ------------------------------------------------------------------ execute */
 
-/* Per request inside one Execute call. */
-struct Slot {
-  TRITONBACKEND_Response* response = nullptr; /* nullptr once answered (or never created) */
-  TRITONBACKEND_Input* input = nullptr;
+/* Per request inside one Execute call: lab_fw::Slot (response, input, bytes, rows, offset in its group's
+ * tensor, ok), with its shape and its group. */
+struct Slot : lab_fw::Slot {
   const int64_t* shape = nullptr; /* valid until the request is released */
   uint32_t dims = 0;
-  uint64_t bytes = 0;
-  uint32_t buffers = 0;
-  int64_t rows = 0;   /* this request's own batch size: the first dimension of its input */
-  size_t group = 0;   /* which tensor of the batch holds its rows (one per row shape) */
-  int64_t offset = 0; /* its first row in that tensor */
-  bool ok = false;
+  size_t group = 0; /* which tensor of the batch holds its rows (one per row shape) */
 };
 
 /* The requests of a batch whose rows have one shape: one tensor, one forward. With the config's
@@ -398,20 +328,8 @@ struct Group {
   at::Tensor batch, result;
 };
 
-/* Answer one request with an error now; its batch-mates go on (recommended.cc's
- * RESPOND_AND_SET_NULL_IF_ERROR). ResponseSend takes the response, never the error. */
-void fail(Slot* s, TRITONSERVER_Error* err) {
-  if (s->response != nullptr) {
-    TRITONSERVER_Error* sent = TRITONBACKEND_ResponseSend(s->response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
-    if (sent != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("failed to send an error response: ") + TRITONSERVER_ErrorMessage(sent));
-      TRITONSERVER_ErrorDelete(sent);
-    }
-  }
-  TRITONSERVER_ErrorDelete(err);
-  s->response = nullptr;
-  s->ok = false;
-}
+/* Answer one request with an error now (lab_fw::fail): its batch-mates go on. */
+using lab_fw::fail;
 
 /* Fail every pending request of group g with one message (each gets its own copy). */
 void fail_group(std::vector<Slot>& slots, size_t g, const std::string& message) {
@@ -455,23 +373,7 @@ TRITONSERVER_Error* check_input(const TorchModel& m, TRITONBACKEND_Request* requ
   return nullptr;
 }
 
-/* Step 0, RESPONSES: one per request, all made before anything else. If one cannot be made, none
- * is kept and Execute returns the error: Triton still owns the requests then, and answers each
- * with it (backend examples/backends/recommended/src/recommended.cc L509-515 at r24.10). Made one
- * by one during the work, a failed one would leave its request released with no response at all. */
-TRITONSERVER_Error* new_responses(TRITONBACKEND_Request** requests, uint32_t count, std::vector<Slot>& slots) {
-  for (uint32_t i = 0; i < count; ++i) {
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&slots[i].response, requests[i]);
-    if (err == nullptr) continue;
-    for (uint32_t j = 0; j < i; ++j) { /* not sent: still ours to delete */
-      TRITONSERVER_Error* del = TRITONBACKEND_ResponseDelete(slots[j].response);
-      if (del != nullptr) TRITONSERVER_ErrorDelete(del);
-      slots[j].response = nullptr;
-    }
-    return err;
-  }
-  return nullptr;
-}
+/* Step 0, RESPONSES: lab_fw::new_responses, one per request before anything else, or none. */
 
 /* Step 1, CHECK: a checked input for each request, whose response exists (step 0); a bad one is
  * answered with its own error here. Triton already refused what contradicts the config (400 before the
@@ -594,65 +496,8 @@ void scatter(const TorchModel& m, std::vector<Slot>& slots, size_t g, const Grou
   for (Slot& s : slots) {
     if (!s.ok || s.group != g) continue;
     shape[0] = s.rows;
-    TRITONBACKEND_Output* output = nullptr;
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType mem = TRITONSERVER_MEMORY_CPU;
-    int64_t mem_id = 0;
-    const uint64_t bytes = static_cast<uint64_t>(s.rows) * row_bytes;
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(s.response, &output, m.output.name.c_str(),
-                                                           m.output.type->triton, shape.data(),
-                                                           static_cast<uint32_t>(shape.size()));
-    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &mem, &mem_id);
-    if (err == nullptr && mem == TRITONSERVER_MEMORY_GPU) {
-      err = make_error(TRITONSERVER_ERROR_UNSUPPORTED, std::string(BACKEND) + ": output buffer in GPU memory");
-    }
-    if (err != nullptr) {
-      fail(&s, err);
-      continue;
-    }
-    std::memcpy(buffer, data + static_cast<uint64_t>(s.offset) * row_bytes, bytes);
-    err = TRITONBACKEND_ResponseSend(s.response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr);
-    s.response = nullptr; /* Triton's now, even if the send failed (lab_triton.h, ResponseSend) */
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string(BACKEND) + ": send failed: " + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-      s.ok = false;
-    }
-  }
-}
-
-/* Step 5, REPORT and RELEASE: per-request statistics before each release, then one batch record
- * with the rows that were answered. compute_input = check + gather, compute_infer = forward,
- * compute_output = scatter. pytorch_backend records the batch it was handed instead: every
- * request's rows (src/libtorch.cc L1295-1356 at r24.10), unless every response failed
- * (L1559-1566). The two differ only when a request fails inside a batch: its rows are then in
- * pytorch_backend's batch_stats, not in ours (a request refused by the check never reached
- * forward; a group libtorch refused computed nothing). Either way inference_count grows with the
- * successes' rows only (core src/infer_stats.cc L104-L111); the batch record feeds
- * execution_count and batch_stats (L386-L425). */
-void report(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const std::vector<Slot>& slots,
-            const uint64_t stamps[4]) {
-  uint64_t rows = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], slots[i].ok, stamps[0],
-                                                                          stamps[1], stamps[2], stamps[3]);
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("statistics: ") + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-    }
-    err = TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
-    if (err != nullptr) {
-      LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("release: ") + TRITONSERVER_ErrorMessage(err));
-      TRITONSERVER_ErrorDelete(err);
-    }
-    if (slots[i].ok) rows += static_cast<uint64_t>(slots[i].rows);
-  }
-  if (rows == 0) return;
-  TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, rows, stamps[0], stamps[1],
-                                                                             stamps[2], stamps[3]);
-  if (err != nullptr) {
-    LAB_LOG(TRITONSERVER_LOG_ERROR, std::string("batch statistics: ") + TRITONSERVER_ErrorMessage(err));
-    TRITONSERVER_ErrorDelete(err);
+    lab_fw::send_rows(&s, BACKEND, m.output.name, m.output.type->triton, shape,
+                      data + static_cast<uint64_t>(s.offset) * row_bytes, static_cast<uint64_t>(s.rows) * row_bytes);
   }
 }
 
@@ -669,11 +514,7 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
   LAB_LOG(TRITONSERVER_LOG_INFO, std::string(BACKEND) + ": libtorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
                                  std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH) + ", Triton backend API " +
                                  std::to_string(major) + "." + std::to_string(minor));
-  if (major != LAB_TRITONBACKEND_API_MAJOR || minor < LAB_TRITONBACKEND_API_MINOR) {
-    return make_error(TRITONSERVER_ERROR_UNSUPPORTED, std::string(BACKEND) + ": the server's backend API is " +
-                 std::to_string(major) + "." + std::to_string(minor) + "; this backend needs 1.x with x >= 19");
-  }
-  return nullptr;
+  return lab_fw::check_api_version(BACKEND, major, minor);
 }
 
 /* Once per model (version) load: read and check the config and the file. An error fails the load,
@@ -751,12 +592,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInsta
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, uint32_t count) {
   uint64_t stamps[4] = {now_ns(), 0, 0, 0}; /* exec start, compute start, compute end, exec end */
-  void* state = nullptr;
-  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  TorchInstance* in = static_cast<TorchInstance*>(state);
+  TorchInstance* in = nullptr;
+  RETURN_IF_ERROR(lab_fw::instance_state_of(instance, &in));
   const TorchModel& m = *in->model;
   std::vector<Slot> slots(count);
-  RETURN_IF_ERROR(new_responses(requests, count, slots)); /* nothing sent yet: Triton answers them */
+  RETURN_IF_ERROR(lab_fw::new_responses(requests, count, slots)); /* nothing sent yet: Triton answers them */
   c10::InferenceMode guard; /* no autograd records: pytorch_backend's Execute, src/libtorch.cc ~L1586 */
   apply_threads(m);
 
@@ -773,11 +613,15 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     if (result_fits(m, groups[g].result, groups[g].total, &why)) scatter(m, slots, g, groups[g]);
     else fail_group(slots, g, why);
   }
-  for (Slot& s : slots) { /* nothing may stay unanswered */
-    if (s.response != nullptr) fail(&s, make_error(TRITONSERVER_ERROR_INTERNAL, m.where() + "the batch could not run"));
-  }
+  lab_fw::fail_unanswered(slots, m.where() + "the batch could not run");
   stamps[3] = now_ns();
-  report(instance, requests, slots, stamps);
+  /* Step 5, REPORT and RELEASE (lab_fw::report: statistics, release, one batch record of the rows
+   * answered). compute_input = check + gather, compute_infer = forward, compute_output = scatter.
+   * pytorch_backend records the batch it was handed instead: every request's rows (src/libtorch.cc
+   * L1295-1356 at r24.10), unless every response failed (L1559-1566). The two differ only when a
+   * request fails inside a batch: its rows are then in pytorch_backend's batch_stats, not in ours (a
+   * request refused by the check never reached forward; a group libtorch refused computed nothing). */
+  lab_fw::report(instance, requests, slots, stamps);
   return nullptr; /* every batch and result tensor is freed with 'groups', here: nothing to leak */
 }
 
