@@ -5,7 +5,10 @@ Registered through :mod:`lab_backends.lessons.exercises.end_to_end`. The checker
 from the config with batching removed, applies the learner's override, checks that only the
 batcher changed, sends the learner's drawing (``drawing=``; a drawn 7 when none is given) in a
 burst of :data:`BURST` copies, and reads the learner's batch from the trace (shared compute
-stamps), not from any client-side guess.
+stamps), not from any client-side guess. A batch that closed small because the delay ran out before
+the burst was all in (a machine slow enough that 16 requests take longer than the delay: 100 ms in
+the reference, seen once in a fresh clone's audit beside other builds) is measured once more with
+a second burst, as the notebooks' timing claims are; a config whose own rule caps the batch is not.
 
 The notebook's demonstration before it uses ``preferred_batch_size: [4]``, which closes a batch
 at 4 (see :func:`_why_small` for the lines of Triton's batcher): the exercise is not solved
@@ -23,6 +26,7 @@ import numpy as np
 from lab_backends.errors import ExerciseError, LabBackendsError
 from lab_backends.lessons.exercises.overrides import learner_batcher
 from lab_backends.lessons.exercises.registry import exercise
+from lab_backends.notebook import measure_rounds
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server.config_changes import derive_config
 from lab_backends.server.repository import read_config
@@ -51,6 +55,14 @@ def _checked_config(live: Any, answer: Any) -> Any:
             "change only dynamic_batching (instances, max_batch_size and the rest must stay as they are)"
         )
     return tuned
+
+
+def _capped(tuned: Any) -> bool:
+    """The config itself keeps batches under the target (a small preferred size, or no delay): a rule, so
+    a burst sent again would close the same way (see :func:`_why_small`)."""
+    batcher = tuned.dynamic_batching
+    preferred = list(batcher.preferred_batch_size)
+    return bool(preferred and max(preferred) < TARGET) or batcher.max_queue_delay_microseconds == 0
 
 
 def _why_small(tuned: Any, size: int) -> str:
@@ -120,7 +132,21 @@ def check_batch_of_eight(answer: Any, server: Any = None, drawing: Any = None) -
                 own.load_model(MODEL, config=with_warmup(tuned))  # Triton warms it up before READY
             except LabBackendsError as exc:
                 raise ExerciseError(f"Triton refused your config: {str(exc)[:400]}") from exc
-            result = inspect(own, MODEL, image, "gRPC", burst=BURST)
+            first = inspect(own, MODEL, image, "gRPC", burst=BURST)
+            if first.batch_size < TARGET and not _capped(tuned):
+                print(f"… your request ran in a batch of {first.batch_size}: the burst took longer to arrive than "
+                      "the batcher waited")
+
+            def again(factor: float) -> Any:
+                del factor  # a burst has no window to stretch: the same 16 copies, sent once more
+                return inspect(own, MODEL, image, "gRPC", burst=BURST)
+
+            # A delay that ran out before the burst was in is the machine's doing, not the config's: sent once
+            # more (notebook.measure_rounds, forced by LAB_FORCE_REMEASURE=1); a capped config is a rule, not sent
+            # again.
+            rounds = measure_rounds(first, lambda inspection: inspection.batch_size < TARGET,
+                                    None if _capped(tuned) else again)
+            result = rounds[-1]
     if result.batch_size < TARGET:
         raise ExerciseError(
             f"your request ran in a batch of {result.batch_size} (from the trace's shared compute stamps), "
