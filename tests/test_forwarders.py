@@ -142,7 +142,11 @@ def test_a_flood_past_the_cap_is_refused_at_once_and_freed_after() -> None:
         seen = json.loads(done.stdout)
         # Two listeners here, not a class's eight: the cap leaves this one port three connections more.
         cap = limits.connections + (FORWARDER_LISTENERS - 2) // 2
-        assert seen["live"] == seen["echoed"] and 0 < seen["live"] <= cap, seen
+        # None live is the flooder's loss, not a leak: both listeners' relays share the one cap, and when the
+        # namespace side's relays take every task first, the Unix side cannot fork its half and that flood's
+        # connections are all reset (2 of ~40 runs here; the rest held 8-11). The cap holds either way, and the
+        # two connections below, once the flood is gone, are served.
+        assert seen["live"] == seen["echoed"] and seen["live"] <= cap, seen
         assert seen["refused"] + seen["reset"] + seen["live"] == 400 and seen["slowest_s"] < 5, seen
         assert cgroups.counter(pids / "pids.events", "max") >= 1, "the cap refused nothing"
         freed = poll(lambda: int((pids / "pids.current").read_text()), lambda n: n <= idle, 30, 0.1)
