@@ -13,12 +13,8 @@ headers, the server library, libtorch's libraries); a fresh check costs under a 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR
 from lab_backends.server import cbackend, native_backends
 
@@ -63,25 +59,9 @@ def build_kvcache(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False)
     target = cbackend.library_path(KVCACHE_BACKEND, backend_dir)
     if not force and not kvcache_is_stale(backend_dir, runtime):
         return target
-    compiler = shutil.which(os.environ.get("CXX") or "g++")
-    if compiler is None:
-        raise BackendBuildError(
-            f"C++ compiler g++ not found on PATH; backend '{KVCACHE_BACKEND}' is C++ (libtorch has no C API). "
-            "Install it (Debian/Ubuntu: `sudo apt-get install g++`) or set CXX, then run `lab-backends build-backends`"
-        )
-    with cbackend.built_in_place(target) as tmp:
-        command = kvcache_command(runtime, tmp, native_backends.cxx11_abi(), compiler)
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BackendBuildError(
-                f"building backend '{KVCACHE_BACKEND}' from {kvcache_source()} failed (exit {result.returncode}):\n"
-                f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(command)}"
-            )
-        exported = cbackend.exported_symbols(tmp)  # empty without nm: then this extra check is skipped
-        if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
-            raise BackendBuildError(f"backend '{KVCACHE_BACKEND}' built, but does not export "
-                                    f"{cbackend.REQUIRED_ENTRY_POINT}: keep its extern \"C\" block")
-    return target
+    return native_backends.build_cxx(
+        KVCACHE_BACKEND, kvcache_source(), target,
+        lambda tmp, compiler: kvcache_command(runtime, tmp, native_backends.cxx11_abi(), compiler))
 
 
 def build_all(force: bool = False) -> dict[str, Path]:

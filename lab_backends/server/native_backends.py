@@ -39,6 +39,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR
@@ -228,23 +229,31 @@ def build_libtorch(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False
     target = cbackend.library_path(LIBTORCH_BACKEND, backend_dir)
     if not force and not libtorch_is_stale(backend_dir, runtime):
         return target
+    return build_cxx(LIBTORCH_BACKEND, libtorch_source(), target,
+                     lambda tmp, compiler: libtorch_command(runtime, tmp, cxx11_abi(), compiler))
+
+
+def build_cxx(name: str, source: Path, target: Path, command: Callable[[Path, str], list[str]]) -> Path:
+    """Compile a libtorch backend with ``command(temporary output, g++)`` into ``target``: written to a
+    temporary name and renamed (cbackend.built_in_place), g++'s words quoted on failure, the entry point
+    checked. One place for lab_libtorch and lab_kvcache (kv_backend.py)."""
     compiler = shutil.which(os.environ.get("CXX") or "g++")
     if compiler is None:
         raise BackendBuildError(
-            "C++ compiler g++ not found on PATH; backend 'lab_libtorch' is C++ (libtorch has no C API). "
+            f"C++ compiler g++ not found on PATH; backend '{name}' is C++ (libtorch has no C API). "
             "Install it (Debian/Ubuntu: `sudo apt-get install g++`) or set CXX, then run `lab-backends build-backends`"
         )
     with cbackend.built_in_place(target) as tmp:
-        command = libtorch_command(runtime, tmp, cxx11_abi(), compiler)
-        result = subprocess.run(command, capture_output=True, text=True)
+        line = command(tmp, compiler)
+        result = subprocess.run(line, capture_output=True, text=True)
         if result.returncode != 0:
             raise BackendBuildError(
-                f"building backend '{LIBTORCH_BACKEND}' from {libtorch_source()} failed (exit {result.returncode}):\n"
-                f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(command)}"
+                f"building backend '{name}' from {source} failed (exit {result.returncode}):\n"
+                f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(line)}"
             )
         exported = cbackend.exported_symbols(tmp)  # empty without nm: then this extra check is skipped
         if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
-            raise BackendBuildError(f"backend '{LIBTORCH_BACKEND}' built, but does not export "
+            raise BackendBuildError(f"backend '{name}' built, but does not export "
                                     f"{cbackend.REQUIRED_ENTRY_POINT}: keep its extern \"C\" block")
     return target
 
