@@ -6,6 +6,8 @@ as what it now is (they once compared it with itself and called every edit "not 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lab_backends import cli
@@ -26,6 +28,30 @@ def test_set_up_hands_out_each_skeleton_and_the_headers_once(tmp_path) -> None:
     mine = handout.handout("clip_backend").in_notebooks(tmp_path)
     mine.write_text("/* my work */\n")
     assert handout.hand_out(tmp_path) == [] and mine.read_text() == "/* my work */\n"  # never overwritten
+
+
+def test_an_untouched_copy_of_an_older_skeleton_is_not_an_attempt_and_set_up_replaces_it(tmp_path) -> None:
+    """A learner who pulled a project whose skeleton changed still has the old one, untouched: its check says
+    "not attempted" (not a build error in code they never wrote), and set-up hands the new one out. An edited
+    copy of the old one stays theirs."""
+    item = native_exercise.HANDOUT
+    handout.hand_out(tmp_path)
+    folder = tmp_path / "exercises"
+    old = item.shipped.read_text().replace("TODO(exercise)", "TODO(exercise, as handed out last month)")
+    for name in (item.filename, handout.handout("clip_backend").filename):  # as an older set-up left them
+        (folder / name).write_text(old)
+    record = handout.handed_out(folder)
+    record.update({item.filename: handout.words_digest(old),
+                   handout.handout("clip_backend").filename: handout.words_digest("/* something else */")})
+    (folder / handout.RECORD).write_text(json.dumps(record))
+    copy = item.in_notebooks(tmp_path)
+    with pytest.raises(NotImplementedError, match="next to this notebook"):
+        native_exercise.read_answer(copy)
+    assert handout.hand_out(tmp_path) == [copy]
+    assert copy.read_text() == item.shipped.read_text()
+    assert handout.handout("clip_backend").in_notebooks(tmp_path).read_text() == old  # not the old record's: theirs
+    assert handout.handed_out(folder)[item.filename] == handout.words_digest(item.shipped.read_text())
+    assert handout.hand_out(tmp_path) == []
 
 
 def test_reset_keeps_the_learners_file(tmp_path, capsys, monkeypatch) -> None:

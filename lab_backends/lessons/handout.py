@@ -17,6 +17,11 @@ answer. The skeletons as shipped live here, in the package (``skeletons/``), and
   whole backend: :func:`read_c_answer` says so and how to get the new skeleton.
 * :func:`untouched` is what "not attempted" means for every C checker: the text equals the shipped
   skeleton, whitespace aside. The ``TODO(exercise)`` comments may stay in a finished file.
+* A skeleton changes when the project does. :func:`hand_out` writes down what it copied
+  (``exercises/.handed-out.json``: a digest of each file's words), so a copy still equal to what was
+  handed out is the learner's untouched copy of an *older* skeleton: set-up replaces it with the new
+  one (nothing of the learner's is in it), and until then its check says "not attempted", as for the
+  current skeleton. A copy that equals neither is the learner's, and is never overwritten.
 * :func:`reset` hands a fresh skeleton out again, keeping the learner's file beside it as a
   ``.bak`` (``lab-backends exercises reset NAME``): nothing the learner wrote is lost. It resets the
   copy the learner works on (:func:`notebooks_for`): in a class that is ``~/notebooks``, not the
@@ -25,6 +30,8 @@ answer. The skeletons as shipped live here, in the package (``skeletons/``), and
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import time
@@ -38,6 +45,8 @@ from lab_backends.server.cbackend import INCLUDE_DIR
 SKELETONS_DIR = Path(__file__).resolve().parent / "skeletons"
 #: Where the notebooks tell the learner to look, relative to the notebook (its working directory).
 EXERCISES_SUBDIR = "exercises"
+#: What :func:`hand_out` copied into ``exercises/``: file name -> :func:`words_digest` of its text.
+RECORD = ".handed-out.json"
 
 
 @dataclass(frozen=True)
@@ -82,9 +91,26 @@ def handout(exercise: str) -> Handout:
                         f"{', '.join(h.exercise for h in HANDOUTS)}")
 
 
-def untouched(source: str, item: Handout) -> bool:
-    """Is ``source`` the skeleton as shipped, whitespace aside (re-indenting it is not an attempt)?"""
-    return source.split() == item.shipped.read_text().split()
+def words_digest(text: str) -> str:
+    """A digest of ``text``'s words: re-indenting or re-wrapping a file does not change it."""
+    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
+
+
+def handed_out(folder: Path) -> dict[str, str]:
+    """The record of what was handed out into ``folder`` (an ``exercises/`` folder); {} when there is none."""
+    try:
+        record = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def untouched(source: str, item: Handout, folder: Path | None = None) -> bool:
+    """Is ``source`` the skeleton as shipped, whitespace aside (re-indenting it is not an attempt), or the
+    skeleton that was handed out into ``folder`` before the project changed it?"""
+    if source.split() == item.shipped.read_text().split():
+        return True
+    return folder is not None and handed_out(folder).get(item.filename) == words_digest(source)
 
 
 def defines(source: str, function: str) -> bool:
@@ -110,7 +136,7 @@ def read_c_answer(answer: object, item: Handout, notebook: str, not_attempted: s
                             f"{notebook}'s {EXERCISES_SUBDIR}/{item.filename}; `lab-backends exercises reset "
                             f"{item.exercise}` hands out a fresh one)")
     source = path.read_text()
-    if untouched(source, item):
+    if untouched(source, item, path.parent if path.name == item.filename else None):
         raise NotImplementedError(not_attempted)
     whole = old_format(source, item)
     if whole is not None:
@@ -123,15 +149,23 @@ def read_c_answer(answer: object, item: Handout, notebook: str, not_attempted: s
 
 
 def hand_out(notebooks_dir: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Copy the skeletons that are missing and the headers that differ; the paths written."""
+    """Copy the skeletons that are missing or still an untouched older skeleton, and the headers that
+    differ; the paths written."""
     folder = notebooks_dir / EXERCISES_SUBDIR
     folder.mkdir(parents=True, exist_ok=True)
+    record = handed_out(folder)
     written = []
     for item in HANDOUTS:
         target = item.in_notebooks(notebooks_dir)
-        if not target.exists():
+        now = words_digest(item.shipped.read_text())
+        copy = words_digest(target.read_text()) if target.exists() else None
+        if copy is not None and copy not in (now, record.get(item.filename)):
+            continue  # the learner's work: never overwritten
+        if copy != now:  # missing, or the untouched copy of an older skeleton
             shutil.copyfile(item.shipped, target)
             written.append(target)
+        record[item.filename] = now
+    (folder / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     include = folder / "include"
     include.mkdir(exist_ok=True)
     for header in sorted(h for d in HEADER_DIRS for h in d.glob("*.h")):
