@@ -19,9 +19,8 @@ fixes things:
 4. one request of 1 row, one of 5 rows alone, then bursts of concurrent requests of 1 to 8 rows until an
    execute held several requests: every answer equal to et_reference's (within 1e-4).
 
-Every request has a deadline (:data:`native_faults.REQUEST_DEADLINE_S`); a request that fails on a server
-that faulted gets the fault's verdict (ASan's report with the line, a crash, a hang:
-:mod:`lab_backends.lessons.native_faults`).
+The requests, their deadlines and the verdicts on a fault (ASan's report with the line, a crash, a hang)
+are 09c's too (:mod:`lab_backends.lessons.native_probe`); this module adds the load and the contradictions.
 """
 
 from __future__ import annotations
@@ -33,14 +32,11 @@ from typing import Any, Callable
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
-from tritonclient.utils import InferenceServerException
 
-from lab_backends.client.infer import infer
 from lab_backends.digits import executorch_env, load_split, normalize
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
-from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.handout import handout, read_c_answer
-from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S, fault
+from lab_backends.lessons.native_probe import Hints, ServedProbe, reference_logits
 from lab_backends.paths import MODEL_REPOSITORY, SCRATCH_DIR
 from lab_backends.server import executorch_backend, sanitizer
 from lab_backends.server.repository import config_text, read_config
@@ -64,7 +60,6 @@ TASK = (
     "The checker builds it with AddressSanitizer, serves it on a server of its own, loads configs that "
     "contradict the program, and compares requests of 1 to 8 rows, alone and together, with digits_et."
 )
-TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -94,9 +89,6 @@ CONTRADICTIONS = (Contradiction("et_bad_output", "output dims [9]", "'LOGITS'", 
                   Contradiction("et_fp64", "input data_type TYPE_FP64", "'PIXELS'", _input_fp64),
                   Contradiction("et_batch128", "max_batch_size 128", "max_batch_size", _max_batch_128))
 BURST_ROWS = (3, 1, 8, 2, 5, 7, 4, 6, 1, 3, 8, 5, 2, 7, 6, 4)
-BURST_TRIES = 4
-ADVICE = ("Look for memory the method points into that bind() let go (every buffer must live in b), a b->input "
-          "smaller than the bound's rows, or an output pointer read past its rows")
 
 
 def read_answer(answer: Any) -> tuple[Path, str]:
@@ -147,38 +139,36 @@ def check_binding(answer: Any, server: Any = None) -> str:
             judge.contradictions()
             judge.alone(0, 1)
             judge.alone(40, 5)
-            mixed = judge.bursts()
+            mixed = judge.bursts(BURST_ROWS)
     return (f"{path.name} built with the rest of lab_executorch, -Werror, with AddressSanitizer; configs that "
             f"contradict the program ({', '.join(c.change for c in CONTRADICTIONS)}) each failed their load naming "
             f"what is wrong; requests of 1 and 5 rows alone and {mixed} concurrent requests of 1 to 8 rows in shared "
             "executes all equal digits_et's logits.")
 
 
-class Judge:
-    """The requests of one check against the learner's model on ``own``."""
+HINTS = Hints(
+    reference=NATIVE, runs="your binding",
+    crash=("Look for memory the method points into that bind() let go (every buffer must live in b), a b->input "
+           "smaller than the bound's rows, or an output pointer read past its rows"),
+    hang="run() never returned",
+    failed=("run() must set this batch's rows as the input (in_sizes[0] = rows), execute the method, and point at "
+            "its output 0"),
+    shape="run() must point at the output's first rows x 10 values, for this batch's rows")
+
+
+class Judge(ServedProbe):
+    """The requests of one check against the learner's model on ``own``: a load, the contradicting
+    configs, then :class:`ServedProbe`'s requests."""
 
     def __init__(self, own: Any, pixels: np.ndarray, source_name: str) -> None:
-        self.own, self.pixels = own, pixels
-        self.sources = (source_name, executorch_backend.main_source().name)
-        self.want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]},
-                                          client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
-                                    for i in range(0, len(pixels), 64)])
-
-    def _died(self, when: str, failure: Any = None) -> None:
-        found = fault(self.own, self.sources)
-        if found is not None and f" at {self.sources[1]}:" in found:
-            found += " (the rest of the backend, built with your file: it tripped over what your code left)"
-        if found is not None:
-            raise ExerciseError(f"{found} {when}: your binding runs inside the server. {ADVICE}")
-        if failure is not None and ("DEADLINE_EXCEEDED" in str(failure) or isinstance(failure, TimeoutError)):
-            raise ExerciseError(f"no answer {when} within {REQUEST_DEADLINE_S:.0f} s, and the server shows no crash: "
-                                "run() never returned")
+        super().__init__(own, MODEL, pixels, reference_logits(own, REFERENCE_MODEL, pixels),
+                         (source_name, executorch_backend.main_source().name), HINTS)
 
     def load(self) -> None:
         try:
             self.own.load_model(MODEL)
         except ModelLoadError as exc:
-            self._died("while your backend loaded digits_et's program")
+            self.died("while your backend loaded digits_et's program")
             said = exc.reason.splitlines()[0] if exc.reason.strip() else "(no reason given)"
             raise ExerciseError(f"the server could not load digits_et's program with your binding: {said}. Its "
                                 f"config matches the program ({matching()}), so bind() must return \"\" for it: "
@@ -191,63 +181,14 @@ class Judge:
             try:
                 self.own.load_model(name)
             except ModelLoadError as exc:
-                self._died(f"while your backend loaded a config with {change}")
+                self.died(f"while your backend loaded a config with {change}")
                 said = exc.reason.splitlines()[0] if exc.reason.strip() else ""  # Triton repeats it on later lines
                 if named not in said:
                     raise ExerciseError(f"a config with {change} failed to load, but its message does not name "
                                         f"{named}: {said!r}. Say in one line which tensor (or setting) contradicts "
                                         "the program, and how to fix it") from exc
                 continue
-            self._died(f"after a config with {change} loaded")
+            self.died(f"after a config with {change} loaded")
             raise ExerciseError(f"a config with {change} loaded, but the program says otherwise: bind() must check "
                                 "the method's input and output (type, the sizes after the batch) against the config, "
                                 "and max_batch_size against the input's first size (the exported batch bound)")
-
-    def _compare(self, got: Any, start: int, rows: int, what: str) -> None:
-        if isinstance(got, Exception):
-            self._died(f"during {what}", got)
-            message = got.message() if isinstance(got, InferenceServerException) else str(got)
-            raise ExerciseError(f"{what} failed: {message}")
-        want = self.want[start:start + rows]
-        if got.shape != want.shape:
-            raise ExerciseError(f"{what}: LOGITS of shape {list(got.shape)}, expected {list(want.shape)}")
-        diff = float(np.abs(got - want).max())
-        if diff >= TOLERANCE:
-            stale = bool(np.abs(got).max() == 0)
-            raise ExerciseError(
-                f"{what}: the logits differ from digits_et's by {diff:.3g}" + (" (all zeros)" if stale else "")
-                + ". run() must set this batch's rows as the input (in_sizes[0] = rows), execute the method, "
-                "and point at its output 0")
-
-    def alone(self, start: int, rows: int) -> None:
-        try:
-            got: Any = infer(self.own, MODEL, {"PIXELS": self.pixels[start:start + rows]},
-                             client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
-        except InferenceServerException as exc:
-            got = exc
-        self._compare(got, start, rows, f"one request of {rows} row{'s' * (rows > 1)} alone")
-
-    def _executions(self) -> int:
-        return int(self.own.statistics(MODEL)["model_stats"][0]["execution_count"])
-
-    def bursts(self) -> int:
-        sent = 0
-        for attempt in range(BURST_TRIES):
-            starts = [(37 * (attempt * len(BURST_ROWS) + i)) % (len(self.pixels) - 8) for i in range(len(BURST_ROWS))]
-            before = self._executions()
-            try:
-                replies = send_together(self.own, MODEL, [{"PIXELS": self.pixels[s:s + n]}
-                                                          for s, n in zip(starts, BURST_ROWS)],
-                                        timeout_s=REQUEST_DEADLINE_S)
-            except TimeoutError as exc:
-                self._died(f"during a burst of {len(BURST_ROWS)} requests", exc)
-                raise ExerciseError(str(exc)) from exc
-            for i, (reply, s, n) in enumerate(zip(replies, starts, BURST_ROWS)):
-                got = reply if isinstance(reply, Exception) else reply["LOGITS"]
-                self._compare(got, s, n, f"request {i} of a burst of {len(BURST_ROWS)}")
-            sent += len(BURST_ROWS)
-            if self._executions() - before < len(BURST_ROWS):
-                return sent
-        raise ExerciseError(f"after {BURST_TRIES} bursts every execute held one request: the batcher did not batch "
-                            "(the server may be very busy); run the check again")
-
