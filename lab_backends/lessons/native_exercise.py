@@ -20,8 +20,11 @@ then does what a reviewer and a test server would, in the order a learner fixes 
 4. a burst on the same model whose config (``dims: [-1]``, ``allow_ragged_batch``, as
    ``tests/test_native_frameworks.py`` does) lets a request with rows of 63 values reach the backend
    inside a batch: it must fail alone, its batch-mates answered;
-5. many batches of 64 rows while the server's RSS is watched: a ``TF_Tensor`` (or a buffer) leaked
-   per batch grows it by about the bytes gathered (:data:`LEAK_BOUND`, measured: see there).
+5. many batches of 64 rows, then the blocks the backend still holds are counted: the build links
+   ``c_backends/checks/block_census.c``, which remembers every TF_Tensor and every malloc'd block the
+   backend's own code allocates and has not freed (the linker's ``--wrap``: see that file). More blocks
+   held after all the requests than after the first (:data:`LEAK_BLOCKS`) are a leak per request or
+   per batch, counted, not guessed from the server's memory.
 
 The backend is built with AddressSanitizer and its server preloads the runtime
 (:mod:`lab_backends.server.sanitizer`): a write past the batch tensor, a use after free or a double
@@ -29,25 +32,26 @@ free stops the server at the fault, and the verdict names it with the line of th
 ``lab_tensorflow.c`` and where the learner's file freed the block first
 (:mod:`lab_backends.lessons.native_faults`). Every request has a deadline (:data:`REQUEST_DEADLINE_S`),
 so a server that hangs (a heap glibc found corrupted, an Execute that never returns) gets a verdict too,
-and the ``with TritonServer`` block stops it by PID, SIGKILL after its exit timeout.
+and the ``with TritonServer`` block stops it by PID, SIGKILL after its exit timeout. Step 3's requests
+and these verdicts are 09d's too (:mod:`lab_backends.lessons.native_probe`).
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
 from lab_backends.digits import ARTIFACT_DIR, load_split, normalize
 from lab_backends.errors import BackendBuildError, ExerciseError, ModelLoadError
-from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.handout import handout, read_c_answer
-from lab_backends.lessons.native_faults import fault
+from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S
+from lab_backends.lessons.native_probe import BURST_TRIES, TOLERANCE, Hints, ServedProbe, reference_logits
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend, native_backends, sanitizer
 from lab_backends.server.repository import config_text, read_config
@@ -70,29 +74,29 @@ TASK = (
     "shaped [its rows, 10]. Leak nothing per batch. Then call exercises.check('tf_gather_scatter', "
     "'exercises/tf_gather_scatter.c'). The checker builds it with the rest of lab_tensorflow against "
     "TensorFlow's C API with -Wall -Wextra -Werror -Wl,-z,defs, serves it on a server of its own, compares "
-    "concurrent requests of 1 to 8 rows with digits_tf_native, sends a bad row inside a batch, and watches the "
-    "server's memory over many batches."
+    "concurrent requests of 1 to 8 rows with digits_tf_native, sends a bad row inside a batch, and counts the "
+    "blocks your backend still holds after many batches."
 )
-TOLERANCE = 1e-4
-#: Every request's deadline (gRPC ``client_timeout``): a request of 64 rows takes milliseconds, under
-#: AddressSanitizer too; a server that has not answered in this time never will (see native_faults).
-REQUEST_DEADLINE_S = 10.0
 #: A burst: requests of these many rows (1..8, neighbours always different), sent at once.
 BURST_ROWS = (3, 1, 8, 2, 5, 7, 4, 6, 1, 3, 8, 5, 2, 7, 6, 4, 2, 8, 1, 5, 3, 6, 4, 7)
-BURST_TRIES = 4
 BAD_BURST = 8
 BAD_INDEX = 5
-#: The leak probe: requests of 64 rows (one batch each: max_batch_size), first to warm up, then measured.
+#: The leak probe: requests of 64 rows (one batch each: max_batch_size), after the bursts.
 LEAK_ROWS = 64
-LEAK_WARMUP, LEAK_REQUESTS = 60, 400
-#: Refused when the server's RSS grows by more than this fraction of the bytes gathered while measured
-#: (400 x 64 rows x 256 B = 6.6 MB). Measured on this project's 2 cores (see tests/exercise_cases):
-#: the reference grew 0.0-0.4 MB, a per-request TF_Tensor never deleted 6.4-6.8 MB (about 1.0 of them).
-LEAK_BOUND = 0.4
-#: Windows of LEAK_REQUESTS batches measured at most: a leak grows the RSS in every window, a one-off step
-#: (an allocator arena, a thread's first stack) in one only. Measured: the reference once grew 3.4 MB in one
-#: window (make test run 57, 2026-12-03), so one window over the bound is measured again before a refusal.
-LEAK_WINDOWS = 2
+LEAK_REQUESTS = 100
+#: Refused when the backend holds more blocks than this after every request than after the first. A
+#: correct answer holds the same blocks between batches (a batch still finishing when the count is read
+#: holds its batch tensor, its result and a few buffers); a leak per request or per batch holds one more
+#: for each of the last LEAK_REQUESTS batches alone.
+LEAK_BLOCKS = 10
+#: The counter block_census.c writes (an 8-byte count in a shared mapping); this value means "more than it can hold".
+CENSUS_FULL = 2**64 - 1
+
+
+#: The checker's census of the blocks the backend holds (its module docstring says why and how).
+CENSUS_SOURCE = cbackend.C_BACKENDS_DIR / "checks" / "block_census.c"
+CENSUS_WRAPPED = ("TF_AllocateTensor", "TF_NewTensor", "TF_DeleteTensor", "malloc", "calloc", "realloc",
+                  "aligned_alloc", "posix_memalign", "free")
 
 
 def read_answer(answer: Any) -> tuple[Path, str]:
@@ -101,14 +105,26 @@ def read_answer(answer: Any) -> tuple[Path, str]:
     return read_c_answer(answer, HANDOUT, "09c", NOT_ATTEMPTED)
 
 
-def build(source: Path, backend_dir: Path, name: str = BACKEND) -> Path:
+def build(source: Path, backend_dir: Path, census: Path, name: str = BACKEND) -> Path:
     """``source`` (gather and scatter) built with the rest of lab_tensorflow as lab_tensorflow is (its
-    flags, its local headers, TensorFlow's C API), with AddressSanitizer."""
+    flags, its local headers, TensorFlow's C API), with AddressSanitizer, and with the block census
+    counting into the file ``census``."""
     runtime = native_backends.tensorflow_runtime()
-    return cbackend.build(source, name, backend_dir, extra_flags=("-Werror", *sanitizer.COMPILE_FLAGS),
+    wrapped = ",".join(f"--wrap={f}" for f in CENSUS_WRAPPED)
+    return cbackend.build(source, name, backend_dir,
+                          extra_flags=("-Werror", *sanitizer.COMPILE_FLAGS, f'-DLAB_CENSUS_FILE="{census}"'),
                           include_dirs=(cbackend.INCLUDE_DIR, native_backends.tensorflow_source().parent,
                                         runtime.include_dir),
-                          link_flags=runtime.link_flags(), more_sources=(native_backends.tensorflow_source(),))
+                          link_flags=(*runtime.link_flags(), f"-Wl,{wrapped}"),
+                          more_sources=(native_backends.tensorflow_source(), CENSUS_SOURCE))
+
+
+def blocks_held(census: Path) -> int:
+    """How many blocks the backend's code allocated and still holds (0 before its first allocation)."""
+    try:
+        return int.from_bytes(census.read_bytes()[:8], sys.byteorder)
+    except FileNotFoundError:
+        return 0
 
 
 def write_models(repo: Path, backend_dir: Path) -> None:
@@ -135,8 +151,9 @@ def check_gather_scatter(answer: Any, server: Any = None) -> str:
     pixels = normalize(load_split().test_images)
     with tempfile.TemporaryDirectory(prefix="exercise-tf-") as tmp:
         repo, backends = Path(tmp) / "models", Path(tmp) / "backends"
+        census = Path(tmp) / "census"
         try:
-            build(path, backends)
+            build(path, backends, census)
         except BackendBuildError as exc:
             raise ExerciseError(f"your {path.name} does not build with -Wall -Wextra -Werror -Wl,-z,defs:\n"
                                 f"{exc}") from exc
@@ -147,63 +164,51 @@ def check_gather_scatter(answer: Any, server: Any = None) -> str:
                 own.load_model(MODEL)
             except ModelLoadError as exc:
                 raise ExerciseError(f"the server could not load your backend: {exc.reason}") from exc
-            want = np.concatenate([infer(own, REFERENCE_MODEL, {"PIXELS": pixels[i:i + 64]},
-                                         client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
-                                   for i in range(0, len(pixels), 64)])
+            want = reference_logits(own, REFERENCE_MODEL, pixels)
             probe = Probe(own, pixels, want, (path.name, native_backends.tensorflow_source().name))
             probe.alone(0, 1)
+            first = blocks_held(census)
             probe.alone(40, 5)
-            mixed = probe.bursts()
+            mixed = probe.bursts(BURST_ROWS)
             probe.bad_row()
-            growth, gathered = probe.leak()
+            probe.batches(LEAK_REQUESTS)
+            grown = blocks_held(census) - first
+    if grown > LEAK_BLOCKS:
+        held = "more than 65,000" if first + grown >= CENSUS_FULL else f"{grown}"
+        raise ExerciseError(
+            f"after the bursts and {LEAK_REQUESTS} batches more, your backend holds {held} more blocks than "
+            "after its first request (TF_Tensors from TF_AllocateTensor or TF_NewTensor, or malloc'd buffers, never "
+            "deleted or freed): something is leaked per request or per batch. Every TF_Tensor you allocate needs "
+            "its TF_DeleteTensor (Execute already deletes the batch you return), every malloc its free")
     return (f"{path.name} built with the rest of lab_tensorflow, -Werror, against TensorFlow's C API; requests "
             f"of 1 and 5 rows alone and {mixed} concurrent requests of 1 to 8 rows in shared batches all equal "
-            f"digits_tf_native's logits; a row of 63 values failed alone in its batch; RSS grew "
-            f"{growth / 1e6:.1f} MB over {LEAK_REQUESTS} batches that gathered {gathered / 1e6:.1f} MB: nothing "
-            "leaked per batch.")
+            f"digits_tf_native's logits; a row of 63 values failed alone in its batch; after {LEAK_REQUESTS} more "
+            f"batches of 64 rows your backend held {max(grown, 0)} more blocks than after its first request: "
+            "nothing leaked.")
 
 
-class Probe:
-    """The requests of one check, against the learner's model on ``own``; ``want``: the reference logits;
-    ``source_name``: the learner's file name, then the rest of the backend's, which a memory error's
-    report is searched for."""
+HINTS = Hints(
+    reference=NATIVE, runs="your backend",
+    crash=("Look for a write past the batch tensor (gather: each request's rows x row bytes, at its offset), a "
+           "response used after ResponseSend, or a tensor deleted twice (Execute deletes the batch and the result "
+           "itself)"),
+    hang=("Execute never returned or never sent a response. Every good request needs one ResponseSend, every "
+          "request one release, and Execute must return"),
+    failed="Every good request must be answered: gather each one's rows and scatter them back",
+    shape=("A request may carry several rows (its own batch size, slots[i].input.shape[0]): gather all of them and "
+           "answer [its rows, 10], not one row per request"))
 
-    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray,
-                 source_name: str | tuple[str, ...] = "") -> None:
-        self.own, self.pixels, self.want, self.source_name = own, pixels, want, source_name
 
-    def _died(self, when: str, failure: Any = None) -> None:
-        """Raise the verdict when the server faulted (see native_faults), or when ``failure`` (a request's
-        error) is a deadline that passed on a server that shows no fault: Execute never answered."""
-        found = fault(self.own, self.source_name)
-        rest = self.source_name[1:] if isinstance(self.source_name, tuple) else ()
-        if found is not None and any(f" at {name}:" in found for name in rest):
-            found += " (the rest of the backend, built with your file: it tripped over what your code left)"
-        if found is not None:
-            raise ExerciseError(
-                f"{found} {when}: your backend runs inside the server. Look for a write past the batch tensor "
-                "(gather: each request's rows x row bytes, at its offset), a response used after ResponseSend, or "
-                "a tensor deleted twice (Execute deletes the batch and the result itself)")
-        if failure is not None and ("DEADLINE_EXCEEDED" in str(failure) or isinstance(failure, TimeoutError)):
-            raise ExerciseError(
-                f"no answer {when} within {REQUEST_DEADLINE_S:.0f} s, and the server shows no crash: Execute never "
-                "returned or never sent a response. Every good request needs one ResponseSend, every request "
-                "one release, and Execute must return")
+class Probe(ServedProbe):
+    """The requests of one check, against the learner's model on ``own`` (:class:`ServedProbe`'s, a bad row
+    inside a batch, and the leak probe); ``want``: the reference logits; ``sources``: the learner's file
+    name, then the rest of the backend's."""
 
-    def _compare(self, got: Any, start: int, rows: int, what: str, batched: bool) -> None:
-        if isinstance(got, Exception):
-            self._died(f"during {what}", got)
-            message = got.message() if isinstance(got, InferenceServerException) else str(got)
-            raise ExerciseError(f"{what} failed: {message}. Every good request must be answered: gather each "
-                                "one's rows and scatter them back")
-        want = self.want[start:start + rows]
-        if got.shape != want.shape:
-            raise ExerciseError(
-                f"{what}: a request of {rows} rows got LOGITS of shape {list(got.shape)}, expected {list(want.shape)}. "
-                "A request may carry several rows (its own batch size, slots[i].input.shape[0]): gather all of "
-                "them and answer [its rows, 10], not one row per request")
-        if np.abs(got - want).max() < TOLERANCE:
-            return
+    def __init__(self, own: Any, pixels: np.ndarray, want: np.ndarray, sources: tuple[str, ...]) -> None:
+        super().__init__(own, MODEL, pixels, want, sources, HINTS)
+
+    def wrong_values(self, got: np.ndarray, want: np.ndarray, rows: int, what: str, batched: bool) -> None:
+        """Rows that differ: alone, rows lost in the request; in a batch, whose rows they are."""
         bad = int(np.argmax(np.abs(got - want).max(axis=1) >= TOLERANCE))
         elsewhere = np.abs(self.want - got[bad]).max(axis=1) < TOLERANCE
         if not batched:
@@ -218,55 +223,18 @@ class Probe:
             "A request's rows start at its offset, the sum of the rows of the requests before it in the batch "
             "(slots[i].offset), in the gather and in the scatter alike")
 
-    def alone(self, start: int, rows: int) -> None:
-        """One request, nothing else in flight: a batch of one request."""
-        try:
-            got: Any = infer(self.own, MODEL, {"PIXELS": self.pixels[start:start + rows]},
-                             client_timeout=REQUEST_DEADLINE_S)["LOGITS"]
-        except InferenceServerException as exc:
-            got = exc
-        self._compare(got, start, rows, f"one request of {rows} row{'s' * (rows > 1)} alone", batched=False)
-
-    def _together(self, requests: list[dict[str, np.ndarray]], what: str) -> list[Any]:
-        """``send_together`` with every request's deadline; a burst that gets no answer is judged."""
-        try:
-            return send_together(self.own, MODEL, requests, timeout_s=REQUEST_DEADLINE_S)
-        except TimeoutError as exc:
-            self._died(f"during {what}", exc)
-            raise ExerciseError(str(exc)) from exc  # not reached: _died judges a timeout
-
-    def _executions(self) -> int:
-        return int(self.own.statistics(MODEL)["model_stats"][0]["execution_count"])
-
-    def bursts(self) -> int:
-        """Bursts of BURST_ROWS until one execution held several requests; every answer compared."""
-        sent = 0
-        for attempt in range(BURST_TRIES):
-            starts = [(37 * (attempt * len(BURST_ROWS) + i)) % (len(self.pixels) - 8) for i in range(len(BURST_ROWS))]
-            before = self._executions()
-            replies = self._together([{"PIXELS": self.pixels[s:s + n]} for s, n in zip(starts, BURST_ROWS)],
-                                     f"a burst of {len(BURST_ROWS)} requests")
-            for i, (reply, s, n) in enumerate(zip(replies, starts, BURST_ROWS)):
-                got = reply if isinstance(reply, Exception) else reply["LOGITS"]
-                self._compare(got, s, n, f"request {i} of a burst of {len(BURST_ROWS)}", batched=True)
-            sent += len(BURST_ROWS)
-            if self._executions() - before < len(BURST_ROWS):
-                return sent
-        raise ExerciseError(f"after {BURST_TRIES} bursts every execution held one request: the batcher did not "
-                            "batch (the server may be very busy); run the check again")
-
     def bad_row(self) -> None:
         """A burst with one request of rows of 63 values: it must fail alone, the others be answered."""
         for _ in range(BURST_TRIES):
             requests = [self.pixels[10 * i:10 * i + 1 + i % 4] for i in range(BAD_BURST)]
             requests[BAD_INDEX] = np.zeros((2, 63), np.float32)
-            before = self._executions()
-            replies = self._together([{"PIXELS": r} for r in requests], "a burst with a bad row")
+            before = self.executions()
+            replies = self.together([{"PIXELS": r} for r in requests], "a burst with a bad row")
             if not isinstance(replies[BAD_INDEX], Exception):
                 raise ExerciseError(
                     "a request of rows of 63 values (the model takes 64) was answered: gather must check each "
                     "request's row shape against in->row_shape and fail that request alone")
-            self._died("after a request with rows of 63 values")
+            self.died("after a request with rows of 63 values")
             for i, reply in enumerate(replies):
                 if i != BAD_INDEX and isinstance(reply, Exception):
                     message = reply.message() if isinstance(reply, InferenceServerException) else str(reply)
@@ -275,38 +243,17 @@ class Probe:
                         f"had 63 values: {message}. One request's error must not fail its batch: answer it alone "
                         "(fail(&slots[i], err); continue) and gather the others")
                 if i != BAD_INDEX:
-                    self._compare(reply["LOGITS"], 10 * i, 1 + i % 4, f"request {i} beside a bad row", batched=True)
-            if self._executions() - before < BAD_BURST:
+                    self.compare(reply["LOGITS"], 10 * i, 1 + i % 4, f"request {i} beside a bad row", batched=True)
+            if self.executions() - before < BAD_BURST:
                 return
         raise ExerciseError(f"after {BURST_TRIES} bursts the bad row never shared a batch; run the check again")
 
-    def _send_batches(self, count: int) -> None:
+    def batches(self, count: int) -> None:
+        """``count`` requests of 64 rows, one after another: one batch each."""
         batch = {"PIXELS": self.pixels[:LEAK_ROWS]}
         for _ in range(count):
             try:
                 infer(self.own, MODEL, batch, client_timeout=REQUEST_DEADLINE_S)
             except InferenceServerException as exc:
-                self._died("while batches of 64 rows were sent", exc)
+                self.died("while batches of 64 rows were sent", exc)
                 raise ExerciseError(f"a request of 64 rows failed: {exc.message()}") from exc
-
-    def leak(self) -> tuple[int, int]:
-        """(RSS growth, bytes gathered) over LEAK_REQUESTS batches of 64 rows, after LEAK_WARMUP of them.
-
-        Refused only when every one of up to LEAK_WINDOWS windows grew past the bound: a leak per batch
-        does so in each window, a one-off step in the RSS does not. The second window runs only after a
-        first one over the bound (the audit's leaking answer takes it every time)."""
-        process = psutil.Process(self.own.pid)
-        self._send_batches(LEAK_WARMUP)
-        gathered = LEAK_REQUESTS * self.pixels[:LEAK_ROWS].nbytes
-        growths: list[int] = []
-        while len(growths) < LEAK_WINDOWS:
-            before = process.memory_info().rss
-            self._send_batches(LEAK_REQUESTS)
-            growths.append(process.memory_info().rss - before)
-            if growths[-1] <= LEAK_BOUND * gathered:
-                return growths[-1], gathered
-        raise ExerciseError(
-            f"the server's memory grew {' MB, then '.join(f'{g / 1e6:.1f}' for g in growths)} MB over windows of "
-            f"{LEAK_REQUESTS} batches of {LEAK_ROWS} rows that each gathered {gathered / 1e6:.1f} MB: something is "
-            "leaked per batch. Every TF_Tensor you allocate (TF_AllocateTensor, TF_NewTensor) needs its "
-            "TF_DeleteTensor, and Execute already deletes the batch you return")

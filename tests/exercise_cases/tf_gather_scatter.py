@@ -60,6 +60,17 @@ static TRITONSERVER_Error* staged_copy(const TfInstance* in, const LabInput* inp
 
 """
 
+MALLOCED = """/* The request's rows in a buffer of their own, copied into the batch. */
+static TRITONSERVER_Error* malloced_copy(const LabInput* input, char* dst) {
+  char* rows = malloc((size_t)input->byte_size);
+  if (rows == NULL) return tf_errorf(TRITONSERVER_ERROR_INTERNAL, "%s: out of memory", BACKEND);
+  LAB_RETURN_IF_ERROR(lab_gather_input(BACKEND, input, rows));
+  memcpy(dst, rows, (size_t)input->byte_size);
+  return NULL;
+}
+
+"""
+
 WRONG = [
     Wrong("gathers request i at row i, as if the requests before it carried one row each",
           _variant("row_i", (COPY, COPY.replace("slots[i].offset * row_bytes", "i * row_bytes"))),
@@ -74,7 +85,12 @@ WRONG = [
           _variant("leaks_tensor", (GATHER_START, STAGED + GATHER_START),
                    (COPY, """        : staged_copy(in, &slots[i].input,
                       (char*)TF_TensorData(batch) + slots[i].offset * row_bytes);""")),
-          r"memory grew [\d.]+ MB, then [\d.]+ MB .* something is leaked per batch"),  # both windows ran
+          r"your backend holds \d+ more blocks than after its first request .*something is leaked per request"),
+    Wrong("stages each request in a malloc'd buffer and never frees it",
+          _variant("leaks_buffer", (GATHER_START, MALLOCED + GATHER_START),
+                   (COPY, """        : malloced_copy(&slots[i].input,
+                        (char*)TF_TensorData(batch) + slots[i].offset * row_bytes);""")),
+          r"your backend holds \d+ more blocks than after its first request .*every malloc its free"),
     Wrong("gives up the whole batch when one request's rows do not fit",
           _variant("fails_batch", (SKIP_BAD, SKIP_BAD.replace("      continue;", "      return NULL;"))),
           r"failed although its rows were fine.*must not fail its batch"),

@@ -19,8 +19,8 @@
  * against the TensorFlow wheel's C API), serves it as backend "tf_exercise" on a server of its own
  * (a crash cannot hurt yours) with the digits SavedModel, and sends concurrent requests of 1 to 8
  * rows each: every answer must equal digits_tf_native's. It also sends a request whose rows have
- * the wrong length inside a batch (its config lets it through Triton), and many batches while it
- * watches the server's memory.
+ * the wrong length inside a batch (its config lets it through Triton), and many batches, then counts
+ * the TF_Tensors and malloc'd blocks the backend's code still holds (a leak per request shows).
  *
  * The model config the checker writes (digits_tf_native's, renamed):
  *   backend: "tf_exercise"   max_batch_size: 64   dynamic_batching { ... }
