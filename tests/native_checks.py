@@ -1,6 +1,7 @@
 """What the framework backends' tests (test_native_frameworks.py: lab_tensorflow, lab_libtorch;
-test_executorch_backend.py: lab_executorch) read from a server the same way: a model's statistics,
-counted to a known total, requests sent all at once, an unload waited for.
+test_executorch_backend.py: lab_executorch) read from a server the same way: the held-out digits and
+a model's logits for them, a model's statistics counted to a known total, requests sent all at once,
+an unload waited for.
 """
 
 from __future__ import annotations
@@ -12,7 +13,19 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
+from lab_backends.digits.data import load_split, normalize
 from lab_backends.waiting import poll
+
+
+def held_out_pixels() -> np.ndarray:
+    """The 360 held-out digits, normalized as every digits model takes them."""
+    return normalize(load_split().test_images)
+
+
+def served_logits(server, model: str, pixels: np.ndarray) -> np.ndarray:
+    """``model``'s logits for every row of ``pixels``, as served (requests of 64 rows)."""
+    return np.concatenate([infer(server, model, {"PIXELS": pixels[i:i + 64]})["LOGITS"]
+                           for i in range(0, len(pixels), 64)])
 
 
 def model_stats(server, model: str) -> dict:

@@ -32,12 +32,12 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
-from lab_backends.digits import build, executorch_env, load_split, normalize
+from lab_backends.digits import build, executorch_env, load_split
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend, executorch_backend
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
-from tests.native_checks import concurrently, counted, model_stats, unloaded
+from tests.native_checks import concurrently, counted, held_out_pixels, model_stats, served_logits, unloaded
 
 pytestmark = pytest.mark.server
 MODEL = "digits_et"
@@ -106,14 +106,13 @@ def server(library, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pixels() -> np.ndarray:
-    return normalize(load_split().test_images)
+    return held_out_pixels()
 
 
 @pytest.fixture(scope="module")
 def reference(server, pixels) -> np.ndarray:
-    """digits_torch's logits for every held-out digit, as served (requests of 64 rows)."""
-    return np.concatenate([infer(server, REFERENCE, {"PIXELS": pixels[i:i + 64]})["LOGITS"]
-                           for i in range(0, len(pixels), 64)])
+    """digits_torch's logits for every held-out digit, as served."""
+    return served_logits(server, REFERENCE, pixels)
 
 
 def test_builds_with_the_runtime_beside_it_and_exports_only_entry_points(library) -> None:

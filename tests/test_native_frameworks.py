@@ -42,7 +42,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
-from lab_backends.digits import build, load_split, normalize
+from lab_backends.digits import build, load_split
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend, native_backends
@@ -50,7 +50,7 @@ from lab_backends.server.processes import terminate
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
 from lab_backends.waiting import poll
-from tests.native_checks import concurrently, counted, counts, model_stats, unloaded
+from tests.native_checks import concurrently, counted, counts, held_out_pixels, model_stats, served_logits, unloaded
 
 pytestmark = pytest.mark.server
 NATIVE = "digits_tf_native"
@@ -168,14 +168,13 @@ def server(variants):
 
 @pytest.fixture(scope="module")
 def pixels() -> np.ndarray:
-    return normalize(load_split().test_images)
+    return held_out_pixels()
 
 
 @pytest.fixture(scope="module")
 def reference(server, pixels) -> np.ndarray:
-    """digits_torch's logits for every held-out digit, as served (requests of 64 rows)."""
-    return np.concatenate([infer(server, REFERENCE, {"PIXELS": pixels[i:i + 64]})["LOGITS"]
-                           for i in range(0, len(pixels), 64)])
+    """digits_torch's logits for every held-out digit, as served."""
+    return served_logits(server, REFERENCE, pixels)
 
 
 def _settled(server, model: str, timeout_s: float = 10.0) -> dict:

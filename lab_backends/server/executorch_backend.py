@@ -42,7 +42,7 @@ from pathlib import Path
 from lab_backends.digits import executorch_env
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR
-from lab_backends.server import cbackend
+from lab_backends.server import cbackend, native_backends
 from lab_backends.server.bundle import find_bundle
 from lab_backends.server.native_backends import FRAMEWORK_INCLUDE_DIR, FRAMEWORKS_DIR, TENSORFLOW_BACKEND
 
@@ -164,23 +164,13 @@ def build(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False, binding
     if not force and binding is None and not extra_flags and name == NAME and not is_stale(backend_dir):
         return target
     root = runtime_dir()
-    compiler = shutil.which(os.environ.get("CXX") or "g++")
-    if compiler is None:
-        raise BackendBuildError("C++ compiler g++ not found on PATH; backend 'lab_executorch' is C++ (ExecuTorch has "
-                                "no C API). Install it (`sudo apt-get install g++`) or set CXX")
     copy_runtime(root, target.parent)
-    main = main_object(root, compiler, extra_flags, cache_dir) if cache_dir is not None else None
-    with cbackend.built_in_place(target) as tmp:
-        line = command(root, tmp, binding, compiler, extra_flags, main)
-        result = subprocess.run(line, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise BackendBuildError(
-                f"building backend '{name}' from {binding or binding_source()} failed (exit {result.returncode}):\n"
-                f"{(result.stderr or result.stdout).strip()[-6000:]}\n  command: {' '.join(line)}")
-        exported = cbackend.exported_symbols(tmp)
-        if exported and cbackend.REQUIRED_ENTRY_POINT not in exported:
-            raise BackendBuildError(f"backend '{name}' built, but does not export {cbackend.REQUIRED_ENTRY_POINT}")
-    return target
+
+    def line(output: Path, compiler: str) -> list[str]:
+        main = main_object(root, compiler, extra_flags, cache_dir) if cache_dir is not None else None
+        return command(root, output, binding, compiler, extra_flags, main)
+
+    return native_backends.build_cxx(name, binding or binding_source(), target, line, framework="ExecuTorch")
 
 
 def build_all(backend_dir: str | Path = BACKEND_DIR, force: bool = False) -> dict[str, Path]:

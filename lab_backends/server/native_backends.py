@@ -233,19 +233,21 @@ def build_libtorch(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False
                      lambda tmp, compiler: libtorch_command(runtime, tmp, cxx11_abi(), compiler))
 
 
-def build_cxx(name: str, source: Path, target: Path, command: Callable[[Path, str], list[str]]) -> Path:
-    """Compile a libtorch backend with ``command(temporary output, g++)`` into ``target``: written to a
+def build_cxx(name: str, source: Path, target: Path, command: Callable[[Path, str], list[str]],
+              framework: str = "libtorch") -> Path:
+    """Compile a C++ backend with ``command(temporary output, g++)`` into ``target``: written to a
     temporary name and renamed (cbackend.built_in_place), g++'s words quoted on failure, the entry point
-    checked. One place for lab_libtorch and lab_kvcache (kv_backend.py)."""
+    checked. One place for lab_libtorch, lab_kvcache (kv_backend.py) and lab_executorch
+    (executorch_backend.py): C++ because their ``framework`` has no C API."""
     compiler = shutil.which(os.environ.get("CXX") or "g++")
     if compiler is None:
         raise BackendBuildError(
-            f"C++ compiler g++ not found on PATH; backend '{name}' is C++ (libtorch has no C API). "
+            f"C++ compiler g++ not found on PATH; backend '{name}' is C++ ({framework} has no C API). "
             "Install it (Debian/Ubuntu: `sudo apt-get install g++`) or set CXX, then run `lab-backends build-backends`"
         )
     with cbackend.built_in_place(target) as tmp:
         line = command(tmp, compiler)
-        result = subprocess.run(line, capture_output=True, text=True)
+        result = subprocess.run(line, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             raise BackendBuildError(
                 f"building backend '{name}' from {source} failed (exit {result.returncode}):\n"
