@@ -19,19 +19,23 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer, make_inputs
 from lab_backends.digits.reference import softmax
-from lab_backends.paths import MODEL_REPOSITORY
-from lab_backends.server.repository import read_config
 from lab_backends.server.triton_server import TritonServer
 
 pytestmark = pytest.mark.server
 
-STEP_DELAY_S = float(read_config(MODEL_REPOSITORY / "stream_topk").parameters["step_delay_ms"].string_value) / 1000
+#: Between stream_topk's steps: 0.1 s here, 5x the committed step_delay_ms. A spread check below needs the
+#: responses to reach the client apart, and a client that stalls (a busy CI machine) takes in together what came
+#: meanwhile: of 3 gaps (0.3 s) the checks need 1, so only a stall over 0.2 s can fail them (at 20 ms: 40 ms).
+STEP_DELAY_S = 0.1
 LOGITS = np.array([0.3, 2.0, -1.0, 0.0, 4.0, 1.5, 0.1, 3.0, -2.0, 0.5], dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
 def server():
     with TritonServer(models=["stream_topk", "running_mean"], startup_timeout_s=180) as srv:
+        config = srv.model_config("stream_topk")
+        config.parameters["step_delay_ms"].string_value = f"{STEP_DELAY_S * 1000:g}"
+        srv.load_model("stream_topk", config=config)
         yield srv
 
 

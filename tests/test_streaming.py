@@ -19,9 +19,18 @@ pytestmark = pytest.mark.server
 LOGITS = np.array([0.3, 2.0, -1.0, 0.0, 4.0, 1.5, 0.1, 3.0, -2.0, 0.5], dtype=np.float32)
 
 
+#: Between stream_topk's steps: 100 ms here, not the committed 20. A spread check below needs the responses to
+#: reach the client apart, and a client that stalls (a busy CI machine) takes in together what came meanwhile:
+#: of 3 gaps (300 ms) the check needs 1, so only a stall over 200 ms can fail it (at 20 ms, one over 40 ms could).
+STEP_DELAY_MS = 100
+
+
 @pytest.fixture(scope="module")
 def server():
     with TritonServer(models=["stream_topk", "running_mean"], startup_timeout_s=180) as srv:
+        config = srv.model_config("stream_topk")
+        config.parameters["step_delay_ms"].string_value = str(STEP_DELAY_MS)
+        srv.load_model("stream_topk", config=config)
         yield srv
 
 
@@ -42,7 +51,7 @@ def test_grpc_and_sse_deliver_the_same_sequence(server) -> None:
         np.testing.assert_allclose([d["PROB"] for d in data], probs, rtol=1e-6)
         assert [d["STEP"] for d in data] == [0, 1, 2, 3]
         assert events[-1].final and not any(e.final for e in events[:-1])
-        assert events[-1].t_s - events[0].t_s > 0.02  # streamed: four steps 20 ms apart, not one reply
+        assert events[-1].t_s - events[0].t_s > STEP_DELAY_MS / 1000  # streamed: 3 gaps of a step, not one reply
     assert len(grpc_events) == 5 and not grpc_events[-1].has_data  # gRPC: an empty final response
     assert streaming.same_sequence(grpc_events, sse_events)
     # ... and the comparison can fail: one probability changed, or a response missing.
