@@ -15,10 +15,14 @@ The three controllers, as this machine mounts them (cgroup v1, one hierarchy eac
   stubs and the frameworks' thread pools are most of a learner's tasks); ``pids.events`` counts the
   refusals;
 * **pids**, for the learner's outward forwarders (``network.py``): a group inside theirs whose
-  ``pids.max`` caps the connections they relay (:attr:`LearnerLimits.forwarder_tasks`); the learner's
-  own ``pids.max`` counts them too, and their ``pids.events`` counts only the learner's own refused
-  forks (cgroup v1 counts a refusal in the group that forked), so a kernel's notice never blames
-  their processes for their connections;
+  ``pids.max`` caps the connections they relay (:attr:`LearnerLimits.forwarder_tasks`), with one
+  group per half of the relay inside it (:data:`HALVES`: the namespace's side and the machine's), each
+  capped at its share (:attr:`LearnerLimits.half_tasks`). Why two: a connection needs a relay on
+  each side, and with one shared cap the namespace side's relays could take every task first, leaving
+  the machine's side none to fork its half: the flooder's connections were then all reset (2 of ~40
+  floods here). The learner's own ``pids.max`` counts them too, and their ``pids.events`` counts only
+  the learner's own refused forks (cgroup v1 counts a refusal in the group that forked: a half's), so
+  a kernel's notice never blames their processes for their connections;
 * **cpu** ``cpu.shares``: a weight, not a cap. Every learner's group gets the same, so under
   contention a learner with 200 busy threads gets no more CPU than one with two, and an idle
   machine is still all theirs. The class's own group weighs their shares added up
@@ -62,6 +66,9 @@ DEFAULT_CONNECTIONS = 64
 #: The pids sub-group of a learner's forwarders (inside their own pids group: their tasks count twice, there and
 #: in the learner's ``pids.max``).
 FORWARDERS = "forwarders"
+#: The groups inside :data:`FORWARDERS`, one per half of every relayed connection: its relays inside the
+#: learner's namespace, and those outside, in the machine's (module doc).
+HALVES = ("inside", "outside")
 #: Tasks of a learner's outward forwarders besides the per-connection relays: their listeners, two per port (a
 #: class forwards four out: the hub's API and the door's HTTP, gRPC and metrics ports).
 FORWARDER_LISTENERS = 8
@@ -85,6 +92,11 @@ class LearnerLimits:
         """The forwarders' ``pids.max``: each connection is relayed by two socat processes (one inside the
         learner's network namespace, one outside), plus the listeners."""
         return 2 * self.connections + FORWARDER_LISTENERS
+
+    @property
+    def half_tasks(self) -> int:
+        """Each half's ``pids.max`` (:data:`HALVES`): a relay a connection, plus that side's listeners."""
+        return self.connections + FORWARDER_LISTENERS // 2
 
     def describe(self) -> str:
         return (f"{self.memory_bytes / GIB:g} GiB of memory, {self.tasks} processes and threads, "
@@ -115,18 +127,27 @@ def learner_groups(user: str) -> list[Path]:
     return [own_group(c) / PARENT / user for c in CONTROLLERS]
 
 
-def forwarder_groups(user: str) -> list[Path]:
-    """Where the learner's forwarders run: the learner's memory and cpu groups, and a pids group of their own
-    inside the learner's (its ``pids.max`` is the connection cap; the learner's ``pids.max`` still counts them)."""
+def forwarder_groups(user: str, half: str) -> list[Path]:
+    """Where one half (:data:`HALVES`) of the learner's outward forwarders runs: the learner's memory and cpu
+    groups, and that half's pids group inside the forwarders' (whose ``pids.max`` is the connection cap), inside
+    the learner's (whose ``pids.max`` still counts them)."""
+    if half not in HALVES:
+        raise ValueError(f"a forwarder half is one of {HALVES}, not {half!r}")
     memory, pids, cpu = learner_groups(user)
-    return [memory, pids / FORWARDERS, cpu]
+    return [memory, pids / FORWARDERS / half, cpu]
+
+
+def forwarders_group(user: str) -> Path:
+    """The pids group of all the learner's outward forwarders (both halves' groups are inside it)."""
+    return learner_groups(user)[1] / FORWARDERS
 
 
 def create(user: str, limits: LearnerLimits) -> list[Path]:
     """The learner's groups, made (a stale one emptied and made again) and limited; their folders.
 
-    The forwarders' pids group (:func:`forwarder_groups`) is made inside the learner's, limited to
-    :attr:`LearnerLimits.forwarder_tasks`."""
+    The forwarders' pids group (:func:`forwarders_group`) is made inside the learner's, limited to
+    :attr:`LearnerLimits.forwarder_tasks`, and each half's inside it (:func:`forwarder_groups`), limited to
+    :attr:`LearnerLimits.half_tasks`."""
     remove(user)
     groups = learner_groups(user)
     values = {"memory": {"memory.limit_in_bytes": limits.memory_bytes},
@@ -137,9 +158,12 @@ def create(user: str, limits: LearnerLimits) -> list[Path]:
             group.mkdir(parents=True, exist_ok=True)
             for name, value in values[controller].items():
                 (group / name).write_text(str(value))
-        forwarders = forwarder_groups(user)[1]
+        forwarders = forwarders_group(user)
         forwarders.mkdir(exist_ok=True)
         (forwarders / "pids.max").write_text(str(limits.forwarder_tasks))
+        for half in HALVES:
+            (forwarders / half).mkdir(exist_ok=True)
+            (forwarders / half / "pids.max").write_text(str(limits.half_tasks))
         weigh_class()
     except OSError as exc:
         remove(user)
@@ -168,8 +192,9 @@ def weigh_class() -> int:
 
 def remove(user: str, timeout_s: float = 10.0) -> None:
     """Kill what is left in the learner's groups (by PID) and remove them, then weigh the class again; idempotent."""
-    groups = [group for group in [forwarder_groups(user)[1], *learner_groups(user)] if group.is_dir()]
-    for group in groups:  # the forwarders' group first: its parent can be removed only once it is gone
+    inner = [forwarders_group(user) / half for half in HALVES]
+    groups = [group for group in [*inner, forwarders_group(user), *learner_groups(user)] if group.is_dir()]
+    for group in groups:  # the innermost groups first: a parent can be removed only once its children are gone
         for pid in members(group):
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -33,12 +33,15 @@ when the spawner passes a :class:`Confinement`:
 
 * **in the learner's cgroups**: every forwarder (both sides, listeners and relays) joins the learner's
   memory and cpu groups. The outward ones (what the learner's code opens: the door's and the hub's
-  ports) join a pids group of their own *inside* the learner's (``cgroups.forwarder_groups``): its
-  ``pids.max`` (``2 x connections + listeners``, :attr:`LearnerLimits.forwarder_tasks`) is the
-  per-learner connection cap, and the learner's own ``pids.max`` counts the relays too. A flood costs
-  the machine at most that many tasks, whoever floods. The inward pair (the hub's proxy to the
-  learner's JupyterLab) joins the learner's own pids group instead, outside the cap: a kernel that
-  holds every connection it may open must not also take away the page where the learner interrupts it;
+  ports) join a pids group of their own *inside* the learner's: its ``pids.max`` (``2 x connections +
+  listeners``, :attr:`LearnerLimits.forwarder_tasks`) is the per-learner connection cap, and the
+  learner's own ``pids.max`` counts the relays too. A flood costs the machine at most that many tasks,
+  whoever floods. Each half of the pair (inside the namespace, outside it) has its own share of that
+  cap (``cgroups.forwarder_groups``, :attr:`LearnerLimits.half_tasks`): with one shared cap the
+  namespace side's relays could take every task, and then no connection got its outside half. The
+  inward pair (the hub's proxy to the learner's JupyterLab) joins the learner's own pids group instead,
+  outside the cap: a kernel that holds every connection it may open must not also take away the page
+  where the learner interrupts it;
 * **refused fast**: at the cap a relay's ``fork`` fails, and socat 1.7.4's listener then exits (``fork():
   Resource temporarily unavailable``, exit 1): the connection it had accepted is closed and those queued
   on its socket are reset; until :data:`RESTART_S` later, when the forwarder's loop starts it again, the
@@ -139,9 +142,16 @@ class Confinement:
     """Whose limits a learner's forwarders run within (module doc): their cgroups, and their user for the relays
     inside the namespace."""
 
-    user: str                  #: the relays inside the namespace run as this user (socat's ``su-d``)
-    outward: tuple[Path, ...]  #: the cgroups the outward forwarders join (``cgroups.forwarder_groups``: capped)
-    inward: tuple[Path, ...]   #: the inward forwarders' (``cgroups.learner_groups``: the learner's own)
+    user: str                         #: the relays inside the namespace run as this user (socat's ``su-d``)
+    outward_inside: tuple[Path, ...]  #: the cgroups the outward forwarders inside the namespace join (capped)
+    outward_outside: tuple[Path, ...]  #: the cgroups their other halves, outside, join (capped apart)
+    inward: tuple[Path, ...]          #: the inward forwarders' (``cgroups.learner_groups``: the learner's own)
+
+    @classmethod
+    def of(cls, user: str, groups: list[Path]) -> "Confinement":
+        """``user``'s confinement, their own ``groups`` (``cgroups.create``) for the inward pair."""
+        return cls(user, tuple(cgroups.forwarder_groups(user, "inside")),
+                   tuple(cgroups.forwarder_groups(user, "outside")), tuple(groups))
 
 
 @dataclass(frozen=True)
@@ -197,13 +207,14 @@ def forwarder_commands(net: LearnerNetwork, inward: list[int], outward: list[int
                        confinement: Confinement | None = None) -> list[Forwarder]:
     """The command lines of ``net``'s forwarders: for each port, its pair (module doc). Pure: nothing runs."""
     drop = f",su-d={confinement.user}" if confinement else ""
-    out = cgroups.join_command(list(confinement.outward)) if confinement else []
+    out_here = cgroups.join_command(list(confinement.outward_outside)) if confinement else []
+    out_there = cgroups.join_command(list(confinement.outward_inside)) if confinement else []
     into = cgroups.join_command(list(confinement.inward)) if confinement else []
     pairs: list[Forwarder] = []
     for port in outward:
         sock = net.socket_dir / f"out-{port}.sock"
-        pairs += [_forwarder(net, False, out, _unix_listen(sock), f"TCP:{LOCALHOST}:{port},{NODELAY}", None),
-                  _forwarder(net, True, out, _tcp_listen(port), f"UNIX-CONNECT:{sock}{drop}", port)]
+        pairs += [_forwarder(net, False, out_here, _unix_listen(sock), f"TCP:{LOCALHOST}:{port},{NODELAY}", None),
+                  _forwarder(net, True, out_there, _tcp_listen(port), f"UNIX-CONNECT:{sock}{drop}", port)]
     for port in inward:
         sock = net.socket_dir / f"in-{port}.sock"
         pairs += [_forwarder(net, True, into, _unix_listen(sock), f"TCP:{LOCALHOST}:{port},{NODELAY}{drop}", None),

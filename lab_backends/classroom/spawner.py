@@ -180,7 +180,7 @@ class NamespaceSpawner(LocalProcessSpawner):
         try:
             groups = await asyncio.to_thread(cgroups.create, name, limits)
             # The forwarders run within the learner's limits, relaying as them inside (network.py: issue 46).
-            confinement = Confinement(name, tuple(cgroups.forwarder_groups(name)), tuple(groups))
+            confinement = Confinement.of(name, groups)
             self.network = await asyncio.to_thread(open_network, name, [self.port], list(self.outward_ports),
                                                    confinement)
             self.cmd = [*cgroups.join_command(groups), *self.network.enter(), *namespace_command(name, plain)]
