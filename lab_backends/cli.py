@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     with serving(server, spare), contextlib.ExitStack() as stack:
         door = stack.enter_context(front_door.door_for(
             server, ports, front_door.DoorAccess.from_serve_options(admin_options), server.log_path.parent / "door",
-            share, standby=spare,
+            share, standby=spare, restart=args.restart or spare is not None,
         )) if ports else None
         print(f"Triton is ready (pid {server.pid})", flush=True)
         for line in front_door.banner(door, server, spare) if door else [

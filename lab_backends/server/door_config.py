@@ -122,6 +122,8 @@ class GatewaySettings:
     standby_http_port: int | None = None  #: serve --standby's second tritonserver (gateway_failover)
     standby_grpc_port: int | None = None
     servers_file: str | None = None  #: the servers' PIDs, written by serve after each start (gateway_failover)
+    http_port: int = 0  #: where the gateway listens: 0, free ports at its first start; the same ones when restarted
+    grpc_port: int = 0
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({**asdict(self), "repositories": list(self.repositories)}))

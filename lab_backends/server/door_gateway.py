@@ -290,7 +290,8 @@ def _verified(context: grpc.aio.ServicerContext) -> Owner | None:
 
 
 async def serve(settings: GatewaySettings) -> None:
-    """Both relays on free ports until SIGTERM; the ready file says where once both listen."""
+    """Both relays on the settings' ports (0: free ones) until SIGTERM; the ready file says where once both
+    listen."""
     book = ModelBook(settings.repositories)
     failover = Failover.from_settings(settings)
     relay = HttpRelay(settings, book, failover)
@@ -302,7 +303,7 @@ async def serve(settings: GatewaySettings) -> None:
     app.router.add_route("*", "/{tail:.*}", relay.handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)  # ours is bounded
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, 0, backlog=4096)
+    site = web.TCPSite(runner, settings.host, settings.http_port, backlog=4096)
     await site.start()
     http_port = runner.addresses[0][1]
     grpc_relay = GrpcRelay(settings, book, failover)
@@ -310,7 +311,7 @@ async def serve(settings: GatewaySettings) -> None:
         ("grpc.max_receive_message_length", 2 * settings.message_limit),  # past the limit: door's words
         ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((grpc_relay,))
-    grpc_port = server.add_insecure_port(f"{settings.host}:0")
+    grpc_port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     await server.start()
     ready = Path(settings.ready_file)
     temp = ready.with_suffix(".tmp")

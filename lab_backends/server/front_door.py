@@ -43,6 +43,7 @@ from lab_backends.errors import FrontDoorError
 from lab_backends.server.admin import write_private
 from lab_backends.server.door_config import DoorSettings, FairShare, GatewaySettings, render
 from lab_backends.server.door_limits import body_limit
+from lab_backends.server.gateway_watch import GatewayWatch
 from lab_backends.server.netns import PublicPorts
 from lab_backends.server.options import RESTRICTED_APIS
 from lab_backends.server.processes import terminate
@@ -86,14 +87,16 @@ def read_fair_share(path: Path, limits: dict[str, int]) -> FairShare:
 
 
 def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workdir: Path,
-             share: FairShare | None = None, validate: bool = True, standby: TritonServer | None = None) -> "FrontDoor":
+             share: FairShare | None = None, validate: bool = True, standby: TritonServer | None = None,
+             restart: bool = False) -> "FrontDoor":
     """The door before a running local ``server``, on the sockets ``ports`` holds.
 
     Its body limit is sized to every model of the server's repositories (any of them can be loaded
     later); ``access`` says which APIs need which key at the door (tritonserver itself may hold none:
     :mod:`lab_backends.server.netns`); ``share``, each learner's identity and limits (a class). A root
     ``serve`` hands nginx's workers to ``nobody``. ``standby``: ``serve --standby``'s second server (the
-    gateway chooses between the two: module doc).
+    gateway chooses between the two: module doc). ``restart``: the gateway is started again whenever it
+    exits (:mod:`lab_backends.server.gateway_watch`), as ``serve --restart`` does tritonserver.
     """
     if standby is not None and not validate:
         raise FrontDoorError("a standby tritonserver needs the door's gateway (it chooses between the servers)")
@@ -107,7 +110,7 @@ def door_for(server: TritonServer, ports: PublicPorts, access: DoorAccess, workd
         restricted_apis=access.restricted_apis, admin_key=access.admin_key,
         worker_user="nobody" if os.geteuid() == 0 else None, fair_share=share,
         standby_metrics_port=standby.metrics_port if standby else None,
-    ), ports, gateway_settings(server, workdir, limit, standby) if validate else None)
+    ), ports, gateway_settings(server, workdir, limit, standby) if validate else None, keep_gateway=restart)
 
 
 def gateway_settings(server: TritonServer, workdir: Path, limit: int,
@@ -168,8 +171,11 @@ class FrontDoor:
     listening, within :data:`START_DEADLINE_S`) and stops it by PID on the way out.
     """
 
-    def __init__(self, settings: DoorSettings, ports: PublicPorts, gateway: GatewaySettings | None = None) -> None:
+    def __init__(self, settings: DoorSettings, ports: PublicPorts, gateway: GatewaySettings | None = None,
+                 keep_gateway: bool = False) -> None:
         self.settings = settings
+        self.keep_gateway = keep_gateway
+        self.watch: GatewayWatch | None = None
         self.ports = ports  # bound already: nginx inherits them (netns.py)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
@@ -222,9 +228,14 @@ class FrontDoor:
             self.stop()
             raise FrontDoorError(f"nginx did not start within {START_DEADLINE_S:g} s: "
                                  f"{self.error_tail() or 'no error logged'}")
+        if self.gateway is not None and self.keep_gateway:
+            self.watch = GatewayWatch(self.gateway.exit_code, self.gateway.restart,
+                                      lambda line: print(line, file=sys.stderr, flush=True)).start()
 
     def stop(self) -> None:
         """SIGTERM (nginx's fast shutdown), then SIGKILL; nginx's workers leave with their master."""
+        if self.watch is not None:
+            self.watch.stop()  # first: the gateway is stopped on purpose
         if self.proc is not None:
             terminate(self.proc, grace_s=5.0)
         if self._watchdog is not None:
@@ -297,7 +308,19 @@ class Gateway:
             raise FrontDoorError(f"the front door's gateway did not start within {GATEWAY_DEADLINE_S:g} s: "
                                  f"{tail or 'nothing logged'} (its log: {self.log})")
         where = json.loads(ready.read_text())
-        return int(where["http_port"]), int(where["grpc_port"])
+        # A restart listens where this start did: nginx's upstreams name these ports.
+        self.settings = replace(self.settings, http_port=int(where["http_port"]), grpc_port=int(where["grpc_port"]))
+        return self.settings.http_port, self.settings.grpc_port
+
+    def exit_code(self) -> int | None:
+        """None while it runs (or before it started), else how it exited."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def restart(self) -> str:
+        """Start it again on the same ports (:mod:`gateway_watch`); where it now runs."""
+        self.stop()
+        http_port, grpc_port = self.start()
+        return f"pid {self.pid}, ports {http_port} (HTTP) and {grpc_port} (gRPC)"
 
     def stop(self) -> None:
         if self.proc is not None:

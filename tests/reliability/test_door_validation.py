@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -226,6 +227,31 @@ def test_an_unprivileged_local_user_cannot_crash_tritonserver_through_the_door(d
                            "-c", AS_NOBODY, door.http], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["400,413,413"], done.stdout
+    _lived(door, pid)
+
+
+def test_a_killed_gateway_is_started_again_on_its_ports_and_the_door_answers(door):
+    """``--restart`` keeps the gateway too (server/gateway_watch.py): killed, it is started again within a few
+    seconds, on the ports nginx's upstreams name, and HTTP and gRPC inference pass the door again; tritonserver
+    was never touched."""
+    pid = door.pid
+    old = int(re.search(r"validation: door_gateway \(pid (\d+)\)", door.text).group(1))
+    log = re.search(r"its log (\S+gateway\.log)", door.text).group(1)
+    first = json.loads((Path(log).parent / "gateway.ready").read_text())
+    os.kill(old, signal.SIGKILL)
+    err = poll(door.err.read_text, lambda t: "gateway is back" in t, 60, 0.2)
+    back = re.search(r"the front door's gateway is back: pid (\d+), ports (\d+) \(HTTP\) and (\d+) \(gRPC\)", err)
+    assert back and int(back.group(1)) != old and alive(int(back.group(1))), err[-800:]
+    assert (int(back.group(2)), int(back.group(3))) == (first["http_port"], first["grpc_port"])
+    assert "the front door's gateway exited (-9)" in err, err[-800:]
+    x = np.arange(16, dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [16], "datatype": "FP32", "data": x.tolist()}]})
+    status, answer = rest.request(f"http://{door.http}/v2/models/echo/infer", "POST", body.encode(), timeout=30)
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == x.tolist(), (status, answer)
+    with grpc.insecure_channel(door.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        raw = stub.ModelInfer(_raw_request([16], x.tobytes()), timeout=30).raw_output_contents[0]
+    assert np.frombuffer(raw, np.float32).tolist() == x.tolist()
     _lived(door, pid)
 
 
