@@ -18,8 +18,9 @@ interceptors; that is where a backend's faults land.
 
 The runtime must come first in ``LD_PRELOAD`` (tritonserver is not linked with it), so the server runs
 without the free-quarantine preload (:mod:`lab_backends.server.free_quarantine`); ASan's own quarantine
-holds freed blocks back the same way. Its quarantine is kept small (:data:`QUARANTINE_MB`) so that a
-checker's RSS-based leak probe still reads a leak per batch, not ASan's held blocks.
+holds freed blocks back the same way. Its quarantine is kept small (:data:`QUARANTINE_MB`): a checked
+server's memory stays near a plain one's. (09c's leak probe counts the backend's blocks instead of reading
+the RSS: ``c_backends/checks/block_census.c``.)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ COMPILE_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer", "-g")
 #: Freed memory ASan holds back to catch a use after free; small, see the module docstring.
 QUARANTINE_MB = 16
 #: ``halt_on_error``: the first fault ends the server (a check's verdict names one fault, the first).
-#: ``detect_leaks=0``: Triton and TensorFlow keep memory at exit on purpose; leaks are probed by RSS.
+#: ``detect_leaks=0``: Triton and TensorFlow keep memory at exit on purpose; 09c counts a backend's blocks instead.
 #: ``allow_user_segv_handler``: Triton installs its own, which must not hide ASan's report.
 OPTIONS = {
     "halt_on_error": "1",
