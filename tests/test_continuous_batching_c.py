@@ -115,20 +115,26 @@ def test_the_c_model_streams_the_python_models_tokens(server) -> None:
     assert served_as_computed(runs[ITERATIVE_C])  # and both are what numpy computes in-process
 
 
+#: The long request's tokens in the late-arrival test: 120, not the notebook's 40 (why: the same constant in
+#: tests/test_continuous_batching.py). The short one is sent when the client sees the long one's 2nd token and must
+#: join before the long one ends: ~250 ms of steps with 40, ~770 ms with 120, for a client held off the CPU.
+LONG_TOKENS = 120
+
+
 @pytest.mark.server
 def test_a_late_request_joins_the_c_models_executions(server) -> None:
-    seen = late_arrival(server, ITERATIVE_C, long_tokens=40, short_tokens=4, after=2, tag="c")
+    seen = late_arrival(server, ITERATIVE_C, long_tokens=LONG_TOKENS, short_tokens=4, after=2, tag="c")
     long, short = seen.run[seen.long], seen.run[seen.short]
     assert seen.run.complete, seen.run.requests()
-    assert long.executions == list(range(long.executions[0], long.executions[0] + 40))  # one step each
+    assert long.executions == list(range(long.executions[0], long.executions[0] + LONG_TOKENS))  # one step each
     assert seen.joined_while_generating, seen.summary()
     assert min(short.executions) > long.executions[1] and {t.batch for t in short.tokens} == {2}
     assert long.tokens[-1].batch == 1 and max(short.executions) < max(long.executions)
     assert served_as_computed(seen.run)
-    # The server's trace, stamped by the backend's statistics: 40 and 4 computes, the short one's
+    # The server's trace, stamped by the backend's statistics: 120 and 4 computes, the short one's
     # four with the very COMPUTE_START of one of the long one's (the same execution).
     traced = server_view(seen, server.trace_file)
-    assert (traced.computes(seen.long), traced.computes(seen.short)) == (40, 4), traced.steps
+    assert (traced.computes(seen.long), traced.computes(seen.short)) == (LONG_TOKENS, 4), traced.steps
     assert traced.short_in_long_computes == 4, traced.steps
 
 
