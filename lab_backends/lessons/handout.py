@@ -165,7 +165,8 @@ def hand_out(notebooks_dir: Path = NOTEBOOK_DIR) -> list[Path]:
             shutil.copyfile(item.shipped, target)
             written.append(target)
         record[item.filename] = now
-    (folder / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    if record != handed_out(folder):  # written only when it changed: set-up runs often
+        (folder / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     include = folder / "include"
     include.mkdir(exist_ok=True)
     for header in sorted(h for d in HEADER_DIRS for h in d.glob("*.h")):
