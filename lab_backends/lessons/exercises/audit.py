@@ -239,7 +239,7 @@ def _emit(verdict: Verdict, emit: Callable[[str], None]) -> None:
 #: notebook 09c's answers were linked with gold), used only to share the exercises fairly among the workers: a new
 #: exercise counts as DEFAULT_S until measured.
 TYPICAL_S = {"batch_of_eight": 112, "tune_the_batcher": 95, "queue_holds_one_batch": 93, "tf_gather_scatter": 77,
-             "one_tenant_per_batch": 53, "step_and_release": 43, "longest_queue": 38, "canary_versions": 38,
+             "one_tenant_per_batch": 53, "step_and_release": 54, "longest_queue": 38, "canary_versions": 38,
              "preprocess_backend": 25, "clip_backend": 24, "framework_agreement": 21, "ensemble_with_c_preprocess": 20,
              "metrics_window": 15, "interleaved_sequences": 3, "request_path": 3, "kserve_json_body": 2,
              "executorch_binding": 160, "paged_kv_blocks": 46}

@@ -7,8 +7,8 @@ own (a wrong step must not hurt the learner's) and drives like a client of conti
 
 1. one long request (:data:`LONG` tokens) on its own gRPC stream; once the model's records show it
    has run two steps, three more (:data:`JOINERS`) at once, each on its own stream. The long one
-   still has 22 steps to go, each at least :data:`STEP_MS` ms of model time, while the others need a
-   few milliseconds to reach the scheduler, so they join a running batch on any machine;
+   still has 22 steps to go, at least :data:`STEP_MS` ms each (1.3 s), while the others need a few
+   milliseconds to reach the scheduler (under a second on a starved client): they join a running batch;
 2. every stream is read until its final flag, all within one deadline, :data:`STREAM_DEADLINE_S`
    (a backstop: the model itself ends the stream of a request released without a final response,
    or rescheduled past its length; only a step that never returns meets the deadline, and then the
@@ -59,7 +59,7 @@ from lab_backends.server.triton_server import TritonServer
 NAME = "step_and_release"
 LONG = 24
 JOINERS = (5, 1, 3)
-STEP_MS = 10.0
+STEP_MS = 60.0  # not 10: a GIL-starved client (150 ms slices) got the reference refused in 2 of 3 runs; at 60, 0 of 3
 STREAM_DEADLINE_S = 20.0
 #: What model.py defines besides the learner's function: the names a step may use (and Python's builtins).
 MODEL_GLOBALS = {"pb_utils", "np", "json", "time", "RESCHEDULE", "FINAL", "token_of"}
