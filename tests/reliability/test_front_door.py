@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -169,9 +168,13 @@ def test_tritonserver_lives_where_only_the_door_reaches_it_and_holds_no_key(door
         pytest.skip("a network namespace of its own needs root: without it tritonserver keeps its key")
     assert network_namespace(door.serve.pid) != network_namespace(), "tritonserver shares this machine's loopback"
     assert network_namespace(door.nginx_pid) == network_namespace(door.serve.pid)  # the door connects inside
-    for port in door.triton_ports:
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # The detector, inside tritonserver's namespace, finds it on both ports (the control); here, on neither.
+    probe = f"{REACHES}\nimport sys\nprint([triton_at(int(p)) for p in sys.argv[1:]])"
+    ports = [str(p) for p in door.triton_ports]
+    inside = subprocess.run(["nsenter", f"--net=/proc/{door.serve.pid}/ns/net", "--", sys.executable, "-c", probe,
+                             *ports], capture_output=True, text=True, timeout=60)
+    here = subprocess.run([sys.executable, "-c", probe, *ports], capture_output=True, text=True, timeout=60)
+    assert (inside.stdout.strip(), here.stdout.strip()) == ("[True, True]", "[False, False]"), (inside, here)
     everyone = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]]
     assert not [p.pid for p in everyone if door.key in " ".join(p.info["cmdline"])], "the key is on a command line"
     triton = psutil.Process(door.serve.pid)
@@ -181,12 +184,31 @@ def test_tritonserver_lives_where_only_the_door_reaches_it_and_holds_no_key(door
     assert status == 200 and b"nv_inference_request_success" in page  # the metrics page, through the door
 
 
+#: ``triton_at(port)``: whether tritonserver answers on 127.0.0.1:PORT of the namespace this code runs in, by its
+#: HTTP liveness (200, no body) or its gRPC ServerLive. A bare connect cannot tell tritonserver from whatever else
+#: of that namespace uses the same port number (a learner's kernel or JupyterLab, another test's server): run 80
+#: of make test found a learner's own listener on tritonserver's port number.
+REACHES = """
+import urllib.request
+def triton_at(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=5) as answer:
+            if answer.status == 200 and answer.read() == b"":
+                return True
+    except Exception:
+        pass
+    try:
+        import tritonclient.grpc as grpcclient
+        return bool(grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=5))
+    except Exception:
+        return False
+"""
 #: What an unprivileged local user tries (run as ``nobody`` here, as a learner by tests/class): the crashing POST
-#: through the door five times, the server's readiness after each, a connection to each of tritonserver's own
-#: ports, and the key in every command line and readable environment. Prints: the answers, the ports reached,
-#: whether ``ps`` showed a tritonserver, how many environments it read, whether the key was found.
-AS_UNPRIVILEGED = """
-import glob, socket, subprocess, sys, urllib.error, urllib.request
+#: through the door five times, the server's readiness after each, tritonserver's own ports (:data:`REACHES`),
+#: and the key in every command line and readable environment. Prints: the answers, the ports where tritonserver
+#: answered, whether ``ps`` showed a tritonserver, how many environments it read, whether the key was found.
+AS_UNPRIVILEGED = REACHES + """
+import glob, subprocess, sys, urllib.error
 door, key, ports = sys.argv[1], sys.stdin.read().strip(), [int(p) for p in sys.argv[2:]]
 answers = []
 for _ in range(5):
@@ -197,13 +219,7 @@ for _ in range(5):
     except urllib.error.HTTPError as exc:
         answers.append(exc.code)
     answers.append(urllib.request.urlopen(f"http://{door}/v2/health/ready", timeout=10).status)
-reached = []
-for port in ports:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        reached.append(port)
-    except OSError:
-        pass
+reached = [port for port in ports if triton_at(port)]
 args = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 environs = 0
 found = key in args
