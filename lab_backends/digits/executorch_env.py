@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lab_backends.built import locked
+from lab_backends.built import copy_if_stale, locked
 from lab_backends.errors import LabBackendsError
 from lab_backends.paths import BUILD_DIR, MODEL_REPOSITORY
 
@@ -154,14 +154,7 @@ def export_program(program: Path = PROGRAM, venv_dir: Path = VENV_DIR) -> dict:
 
 def place(program: Path = PROGRAM, placed: Path = PLACED) -> bool:
     """Copy the program into digits_et's version folder when it differs; True when copied."""
-    if placed.is_file() and placed.stat().st_size == program.stat().st_size and \
-            placed.stat().st_mtime >= program.stat().st_mtime:
-        return False
-    placed.parent.mkdir(parents=True, exist_ok=True)
-    tmp = placed.with_name(f".{placed.name}.tmp{os.getpid()}")
-    shutil.copy2(program, tmp)
-    os.replace(tmp, placed)
-    return True
+    return copy_if_stale(program, placed)
 
 
 def build_digits_et(force: bool = False, log: Callable[[str], None] = lambda m: None) -> ExportReport:

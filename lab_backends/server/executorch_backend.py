@@ -35,10 +35,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
+from lab_backends.built import copy_if_stale
 from lab_backends.digits import executorch_env
 from lab_backends.errors import BackendBuildError
 from lab_backends.paths import BACKEND_DIR
@@ -144,14 +144,8 @@ def main_object(root: Path, compiler: str, extra_flags: tuple[str, ...], cache_d
 
 def copy_runtime(root: Path, folder: Path) -> None:
     """ExecuTorch's libraries beside the backend (see the module docstring), each renamed into place."""
-    folder.mkdir(parents=True, exist_ok=True)
     for name in LIBRARIES:
-        src, dst = root / "lib" / name, folder / name
-        if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime:
-            continue
-        tmp = dst.with_name(f".{name}.tmp{os.getpid()}")
-        shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
+        copy_if_stale(root / "lib" / name, folder / name)
 
 
 def build(backend_dir: str | Path = BACKEND_DIR, *, force: bool = False, binding: Path | None = None,
