@@ -10,9 +10,13 @@ say the model executed.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from lab_backends.client import sequences
+from lab_backends.measure import concurrent_sequences
 from lab_backends.measure.concurrent_sequences import drive_concurrent, fill_slots, sequence_slots, without_batching
 from lab_backends.server.config_changes import apply_config
 from lab_backends.server.repository import ModelConfig
@@ -69,6 +73,23 @@ class TestOnTheServer:
         assert probe.admitted == probe.waiting
         assert list(probe.frame["START answered"]).count("after an END freed a slot") == 1
         assert not any(sequences.is_live(server, c) for c in probe.started)  # fill_slots ended them all
+
+    def test_a_start_whose_thread_returns_after_its_end_is_still_answered(self, server, monkeypatch) -> None:
+        """Forces what CI once saw under load: a backlogged START's reply reached its thread after its
+        END's reply reached the END's thread. fill_slots must wait for the START, not call it unanswered."""
+        ending = threading.Event()
+
+        def slow_start_after_an_end(server, corrid, value, start=False, end=False, **kwargs):
+            if end:
+                ending.set()
+            answer = sequences.step(server, corrid, value, start, end, **kwargs)
+            if start and ending.is_set():
+                time.sleep(1.0)  # this START was answered after an END was sent: return late
+            return answer
+
+        monkeypatch.setattr(concurrent_sequences, "step", slow_start_after_an_end)
+        probe = fill_slots(server, extra=2)
+        assert len(probe.waiting) == 2 and len(probe.admitted) == 1  # the other waits for the last ENDs
 
     def test_slots_are_per_instance_and_max_batch_size_0_keeps_them(self, server) -> None:
         def two_by_two(config):

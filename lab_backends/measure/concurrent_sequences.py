@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -164,6 +164,7 @@ def fill_slots(
         return pool.submit(step, server, corrid, value, start, end, client=clients[corrid], model=model)
 
     ends: list[Future] = []
+    starts: dict[int, Future] = {}
     freed = None
     try:
         before = settled_statistics(server, model)
@@ -193,6 +194,9 @@ def fill_slots(
                 future.result(timeout=timeout_s)
             except Exception:  # noqa: BLE001 - a sequence that never started has nothing to end
                 pass
+        # A START answered just before its END may not be marked done yet: its thread had not run
+        # when the END's did (CI saw that once under load). Wait for every START, within the bound.
+        wait(starts.values(), timeout=timeout_s)
         pool.shutdown(wait=False)
         for client in clients.values():
             client.close()
