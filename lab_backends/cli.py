@@ -44,16 +44,37 @@ from lab_backends.server.standby import keep_serving, serving, spare_for
 from lab_backends.server.triton_server import TritonServer
 
 
-class _StopRequested(Exception):
-    """Raised by the SIGTERM handler so ``with TritonServer`` unwinds and stops the server."""
+class StopRequested(KeyboardInterrupt):
+    """Raised by the SIGTERM handler so ``with TritonServer`` unwinds and stops the server.
+
+    A KeyboardInterrupt, not an Exception, for two reasons. tritonclient.http runs on gevent, and a
+    signal handler that raises while gevent's hub waits on a socket raises in the hub: the hub prints
+    any error that is not one of ``Hub.SYSTEM_ERROR`` (KeyboardInterrupt, SystemExit, SystemError)
+    and goes on (an Exception here was printed, a traceback and a time stamp, and serve kept running
+    until SIGKILL 30 s later). And supervision's ``except Exception`` guards (a stub check must never
+    end it) must not swallow a stop either; ``except KeyboardInterrupt`` already means "asked to stop".
+    """
 
 
 def _raise_stop(signum: int, frame: object) -> None:
-    raise _StopRequested()
+    # gevent's hub prints what reaches it unless its class is in Hub.NOT_ERROR (documented for this, and
+    # still re-raised in the main greenlet as a SYSTEM_ERROR): a stop is no error, so no traceback.
+    # gevent is there only once tritonclient.http was imported (deferred, tests/test_architecture.py).
+    # The main thread's hub holds its own NOT_ERROR (its resolver adds socket errors to it).
+    gevent_hub = sys.modules.get("gevent.hub")
+    hub = gevent_hub.get_hub() if gevent_hub is not None else None
+    if hub is not None and not issubclass(StopRequested, hub.NOT_ERROR):
+        hub.NOT_ERROR = (*hub.NOT_ERROR, StopRequested)
+    raise StopRequested()
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises :class:`StopRequested` in the main thread, as Ctrl-C would."""
+    signal.signal(signal.SIGTERM, _raise_stop)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _raise_stop)
+    stop_on_sigterm()
     admin_options = admin.serve_options(args.admin_key_file, args.open_admin_apis, restricted=args.restricted_apis)
     # The door's ports first, then (root) a network namespace of its own for tritonserver, before any thread.
     for flag, given in (("--learner-secret-file shares the front door among learners", args.learner_secret_file),
@@ -97,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         try:  # --restart: never gives up, and reloads a model whose Python stub died (stub_health)
             stop_requested = keep_serving(server, spare, args.restart, front_door.servers_file(door),
                                           lambda m: print(m, file=sys.stderr, flush=True))
-        except (KeyboardInterrupt, _StopRequested):
+        except KeyboardInterrupt:
             stop_requested = True
         if not stop_requested:
             code = crashed(server)
@@ -159,10 +180,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     run = {"batching": batching_bench, "backends": backends_bench, "continuous": continuous_bench,
            "door": door_bench, "kvcache": kv_bench}[args.name]
-    signal.signal(signal.SIGTERM, _raise_stop)  # unwind so the bench's server is stopped
+    stop_on_sigterm()  # unwind so the bench's server is stopped
     try:
         run(out_dir=args.out, quick=args.quick, log=lambda message: print(message, flush=True))
-    except (KeyboardInterrupt, _StopRequested):
+    except KeyboardInterrupt:
         print("bench interrupted; its server was stopped", file=sys.stderr)
         return 130
     return 0
@@ -193,10 +214,10 @@ def _lab(args: argparse.Namespace) -> int:
     # JupyterLab gets SIGTERM if this CLI dies, even by SIGKILL (setpriv --pdeathsig; no preexec_fn: limits.py)
     proc = subprocess.Popen([*limits.launch_prefix(die_with_parent=True), *cmd], cwd=PROJECT_ROOT / "notebooks",
                             env=env)
-    signal.signal(signal.SIGTERM, _raise_stop)
+    stop_on_sigterm()
     try:
         return proc.wait()
-    except (KeyboardInterrupt, _StopRequested):
+    except KeyboardInterrupt:
         proc.terminate()  # JupyterLab shuts down cleanly on SIGTERM, kernels included
         try:
             proc.wait(timeout=30)
@@ -330,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     except LabBackendsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except _StopRequested:
+    except StopRequested:  # SIGTERM before the command had anything to stop
         return 0
 
 
