@@ -23,7 +23,7 @@ from lab_backends.paths import PROJECT_ROOT
 WAITER = """
 import sys
 import tritonclient.http as httpclient
-from lab_backends.cli import StopRequested, stop_on_sigterm
+from lab_backends.server.stop_signal import StopRequested, stop_on_sigterm
 stop_on_sigterm()
 client = httpclient.InferenceServerClient(sys.argv[1], network_timeout=60)
 try:
