@@ -256,11 +256,12 @@ class BatchingPanel:
                   "Run again.")
 
         def late_end(load: DeadlineRun) -> None:  # on the worker, under the lock, after the deadline message
-            self._stuck = False
-            self.run_button.disabled = False
             how = f"failed ({type(load.exc).__name__}: {short(load.exc)})" if load.exc is not None else "ended"
             self._set_status(f"{what} {how} {self.deadline_s:g}+ s after it started, too late to count; "
                              "Run is available again.", error=True)
+            # Run comes back after the status: whoever sees it enabled (a learner, another thread) reads why.
+            self._stuck = False
+            self.run_button.disabled = False
 
         message = f"{what} did not finish within {self.deadline_s:g} s. {advice}"
 
