@@ -39,16 +39,23 @@ def counts(statistics: dict) -> tuple[int, int, int]:
             int(statistics["execution_count"]))
 
 
+def batch_rows(statistics: dict) -> int:
+    """The rows of every execution in ``batch_stats``: a batch record holds its answered rows (the backends'
+    report(): c_backends/frameworks/include/lab_framework_steps.h, lab_tensorflow.c)."""
+    return sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in statistics.get("batch_stats", []))
+
+
 def counted(server, model: str, before: dict, requests: int, rows: int, timeout_s: float = 30.0) -> dict:
     """The statistics once they count ``requests`` more requests (answered or failed) and ``rows`` more
     answered rows than ``before``: a known total, not a quiet period. Per-request statistics come
     before the batch's record (the backends' report()): ``inference_count`` grows with each success,
-    by its rows (core src/infer_stats.cc L104-L111 at r24.10), ``execution_count`` with the batch
-    record (L386-L425), so both are waited for.
+    by its rows (core src/infer_stats.cc L104-L111 at r24.10), ``execution_count`` and ``batch_stats``
+    with the batch record (L386-L425), whose sizes add up to the same rows: both are waited for.
     Past the deadline the last read is returned and the caller's assertions say what is missing."""
     def complete(now: dict) -> bool:
         answered = sum(counts(now)[:2]) - sum(counts(before)[:2])
-        return answered >= requests and int(now["inference_count"]) - int(before["inference_count"]) >= rows
+        return (answered >= requests and int(now["inference_count"]) - int(before["inference_count"]) >= rows
+                and batch_rows(now) - batch_rows(before) >= rows)
 
     return poll(lambda: model_stats(server, model), complete, timeout_s, 0.05)
 
