@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import matplotlib
@@ -197,6 +198,23 @@ def test_live_queue_policy_bursts_show_the_policy_not_the_stall(live) -> None:
     for run in (full, expired, prio):  # the pings kept the batcher awake, and none of them ran
         assert run.pings.sent > 0 and run.pings.expired == run.pings.sent and not run.pings.other
         assert run.longest_idle_ms < batcher_stall.STALL_IDLE_MS  # no stall: half the batcher's 500 ms wait
+
+
+@pytest.mark.server
+def test_a_slow_client_still_fills_the_queue_and_gets_refusals(live, monkeypatch) -> None:
+    """Each send of the burst 5 ms late (2x the slowest client seen in make test): the queue still fills while
+    a batch runs, so the excess is refused. With 10 ms batches the server drained it as fast: none refused."""
+    server, shipped = live
+    send = server.grpc_client.async_infer
+
+    def late(*args, **kwargs):
+        time.sleep(0.005)
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(server.grpc_client, "async_infer", late)
+    full = queue_policy_lesson.queue_full_burst(server, shipped, max_queue_size=4, burst=30)
+    refused = full.failed_with(queue_policy_lesson.FULL)
+    assert 0 < full.served < 30 and len(refused) == 30 - full.served, full.answers[["ok", "error", "sent_s"]]
 
 
 @pytest.mark.server
