@@ -33,6 +33,7 @@ from lab_backends.paths import MODEL_REPOSITORY
 from lab_backends.server import cbackend
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.triton_server import TritonServer
+from lab_backends.waiting import poll, settled
 
 ITERATIVE_C = "generate_iterative_c"
 NO_READY = "generate_iterative_c_no_ready"  # its config without the READY control input
@@ -185,14 +186,24 @@ def _model_stats(server) -> dict:
     return server.statistics(ITERATIVE_C)["model_stats"][0]
 
 
+def _successes_and_executions(stats: dict) -> tuple[int, int]:
+    return int(stats["inference_stats"]["success"]["count"]), int(stats["execution_count"])
+
+
 @pytest.mark.server
 def test_statistics_count_every_step_with_the_time_it_took(server) -> None:
     """ReportStatistics once per request per step, timed with CLOCK_MONOTONIC around the paced step."""
-    before = _model_stats(server)
+    # An earlier test's last step may still be reporting (see below): read once the counts stay put.
+    before = settled(lambda: _model_stats(server), _successes_and_executions, quiet_s=0.2)
     run = run_streams(server, ITERATIVE_C, [[Ask("a", 12)], [Ask("b", 5, after=("a", 2))]])
     assert run.complete
-    after = _model_stats(server)
     steps = run.timeline()
+    # lab_iterative.c sends a step's token (the last one FINAL) before it reports the step's statistics
+    # (release(), then ReportBatchStatistics): the client can hold its FINAL first. Wait for the records' totals.
+    grown = (len(steps), steps["execution"].nunique())
+    b = _successes_and_executions(before)
+    after = poll(lambda: _model_stats(server),
+                 lambda now: all(n - m >= g for n, m, g in zip(_successes_and_executions(now), b, grown)), 10, 0.02)
     success = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
     assert success == len(steps) == 17  # one per token: a rescheduled request is counted at every step
     executions = int(after["execution_count"]) - int(before["execution_count"])
