@@ -38,6 +38,8 @@ pytestmark = pytest.mark.server
 HEAL_S = 10.0
 #: How long a test waits for it: a machine twice as slow, plus margin.
 DEADLINE_S = 2 * HEAL_S + 10.0
+#: serve's line once it has reloaded echo.
+RELOADED = "stub health: model 'echo' reloaded"
 X = [1.0, 2.0, 3.0]
 #: 2**62 + 1 elements of FP32 are 2**64 + 4 bytes: the byte size wraps to the 4 bytes that follow the
 #: header, so the server's size check passes and the stub is handed a tensor it cannot build.
@@ -111,16 +113,19 @@ def served(tmp_path_factory):
         serve.stop()
 
 
-def _heals(served: Serve, killed_stub: int, other_stub: int, what: str) -> float:
-    """Wait for echo to answer again; check how it came back; the seconds it took."""
+def _heals(served: Serve, killed_stub: int, other_stub: int, what: str, said: str) -> float:
+    """Wait for echo to answer again; check how it came back; the seconds it took. ``said``: serve's stderr
+    before the stub died."""
     started = time.monotonic()
     answer = poll(lambda: _echo(served.http), _echoes, DEADLINE_S, 0.2)
     took = time.monotonic() - started
-    report = served.err.read_text()
+    # echo answers once Triton has loaded it again; serve reports the reload after its load call returned and
+    # it found the new stub (stub_health.py _heal): the line may come a moment later. Wait for it, bounded.
+    report = poll(served.err.read_text, lambda t: RELOADED in t[len(said):], DEADLINE_S, 0.1)
     assert _echoes(answer), f"echo did not answer within {DEADLINE_S:.0f} s after {what}: {answer}\n{report}"
     live = _stubs(served.pid)
     assert live["echo_0_0"].pid != killed_stub, "echo answered from the stub that was killed?"
-    assert "stub health: model 'echo' reloaded" in report, report
+    assert RELOADED in report[len(said):], report
     # tritonserver was not restarted and the other model was not touched.
     assert "restarted: pid" not in report and os.getpgid(live["echo_0_0"].pid) == served.pid, report
     assert live["rel_double_0_0"].pid == other_stub and "'rel_double'" not in report, report
@@ -132,18 +137,20 @@ def _heals(served: Serve, killed_stub: int, other_stub: int, what: str) -> float
 def test_serve_restart_reloads_a_model_whose_stub_was_killed(served):
     before = _stubs(served.pid)
     killed, other = before["echo_0_0"].pid, before["rel_double_0_0"].pid
+    said = served.err.read_text()
     os.kill(killed, signal.SIGKILL)
-    _heals(served, killed, other, "SIGKILL of echo's stub")
+    _heals(served, killed, other, "SIGKILL of echo's stub", said)
 
 
 @pytest.mark.upstream
 def test_the_wrapping_binary_shape_kills_echos_stub_and_serve_heals_it(served):
     before = _stubs(served.pid)
     victim, other = before["echo_0_0"].pid, before["rel_double_0_0"].pid
+    said = served.err.read_text()
     status, answer = _wrapping_binary_request(served.http, "echo")
     assert status == 500 and "Stub process 'echo_0_0' is not healthy" in answer, (
         f"UPSTREAM FIXED? the wrapping shape no longer kills echo's stub (HTTP {status}): {answer[-300:]}")
-    _heals(served, victim, other, "the wrapping binary shape")
+    _heals(served, victim, other, "the wrapping binary shape", said)
     # Everything the serve reported about stubs concerns echo: two deaths, two reloads.
     lines = [ln for ln in served.err.read_text().splitlines() if ln.startswith("stub health:")]
     assert sum("reloaded in" in ln for ln in lines) == 2 and all("'echo'" in ln for ln in lines), lines
