@@ -157,8 +157,10 @@ def test_five_kills_of_the_active_server_cost_a_steady_client_under_2_percent(pa
     print(f"{KILLS} kills in {span:.1f} s; client: {client.ok} ok, {len(client.failed)} failed: {client.failed[:3]}")
     assert client.total >= 200, f"too few requests to judge: {client.total}"
     assert len(client.failed) < 0.02 * client.total, (len(client.failed), client.total, client.failed[:5])
-    err = pair.serve.err.read_text()
-    assert len(re.findall(r"tritonserver [12] of 2: restarted: pid \d+", err)) >= KILLS, err[-2000:]
+    # serve writes the servers file (what both_up reads) before it reports "restarted": wait for the line.
+    restarted = r"tritonserver [12] of 2: restarted: pid \d+"
+    err = poll(pair.serve.err.read_text, lambda t: len(re.findall(restarted, t)) >= KILLS, WAIT_S, 0.1)
+    assert len(re.findall(restarted, err)) >= KILLS, err[-2000:]
 
 
 def _http_step(pair: Pair, cid: int, value: float, start: bool = False) -> tuple[int, dict]:
