@@ -24,10 +24,21 @@ from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S, fault
+from lab_backends.waiting import poll
 
 TOLERANCE = 1e-4
 #: Bursts sent at most until one execution held several requests.
 BURST_TRIES = 4
+#: How long a burst's batch records may lag its answers (one hand-off inside the server; bounded).
+STATS_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A model's ``execution_count`` and the rows its batch records hold (``batch_stats``: size x count)."""
+
+    executions: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -107,8 +118,20 @@ class ServedProbe:
             self.died(f"during {what}", exc)
             raise ExerciseError(str(exc)) from exc  # not reached: died() judges a timeout
 
-    def executions(self) -> int:
-        return int(self.own.statistics(self.model)["model_stats"][0]["execution_count"])
+    def counts(self) -> Counts:
+        stats = self.own.statistics(self.model)["model_stats"][0]
+        rows = sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", []))
+        return Counts(int(stats["execution_count"]), rows)
+
+    def counts_after(self, before: Counts, rows: int) -> Counts:
+        """The counts once the batch records hold ``rows`` more rows than ``before`` (at most :data:`STATS_WAIT_S`).
+
+        The backend sends a batch's answers in its scatter and reports the batch only afterwards
+        (``report()`` in lab_tensorflow.c and lab_framework_steps.h), so an ``execution_count`` read
+        when the client holds every answer can lack the last execution: a burst whose requests each ran
+        alone would look batched, and an offset fault that shows only in a shared batch would pass.
+        """
+        return poll(self.counts, lambda now: now.rows - before.rows >= rows, STATS_WAIT_S)
 
     def bursts(self, burst_rows: tuple[int, ...]) -> int:
         """Bursts of requests of ``burst_rows`` rows until one execution held several requests (at most
@@ -116,14 +139,14 @@ class ServedProbe:
         sent = 0
         for attempt in range(BURST_TRIES):
             starts = [(37 * (attempt * len(burst_rows) + i)) % (len(self.pixels) - 8) for i in range(len(burst_rows))]
-            before = self.executions()
+            before = self.counts()
             replies = self.together([{"PIXELS": self.pixels[s:s + n]} for s, n in zip(starts, burst_rows)],
                                     f"a burst of {len(burst_rows)} requests")
             for i, (reply, s, n) in enumerate(zip(replies, starts, burst_rows)):
                 got = reply if isinstance(reply, Exception) else reply["LOGITS"]
                 self.compare(got, s, n, f"request {i} of a burst of {len(burst_rows)}", batched=True)
             sent += len(burst_rows)
-            if self.executions() - before < len(burst_rows):
+            if self.counts_after(before, sum(burst_rows)).executions - before.executions < len(burst_rows):
                 return sent
         raise ExerciseError(f"after {BURST_TRIES} bursts every execution held one request: the batcher did not "
                             "batch (the server may be very busy); run the check again")
