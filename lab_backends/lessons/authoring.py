@@ -12,6 +12,7 @@ Prometheus page next to Triton's own; :func:`metric_samples` reads them back.
 from __future__ import annotations
 
 import ast
+import py_compile
 import queue
 import time
 from dataclasses import dataclass
@@ -123,6 +124,12 @@ def write_model(
 
     Rewriting an existing folder replaces its files, which is how a reload picks up new code.
     Returns the model folder.
+
+    Each ``model.py`` is byte-compiled here, so the stub finds its cache and writes nothing into the
+    folder. Else a version's first load writes ``<v>/__pycache__``, which Triton takes for a change:
+    a load compares the newest modification time in the model's folder with the last load's
+    (core model_repository_manager.cc L396-L401, L1548-L1570 at r24.10), and a plain load after a
+    config override that loaded a version for the first time read config.pbtxt again (measured).
     """
     if not config.name:
         raise ModelConfigError("the config needs a name: python_config(name=...) sets it")
@@ -136,6 +143,7 @@ def write_model(
         version_dir = model_dir / str(int(version))
         version_dir.mkdir(exist_ok=True)
         (version_dir / "model.py").write_text(source)
+        py_compile.compile(str(version_dir / "model.py"), doraise=True)
     return model_dir
 
 

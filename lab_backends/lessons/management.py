@@ -92,9 +92,11 @@ def reload_from_disk(server: RunningServer, name: str, timeout_s: float = 30.0) 
     """Unload ``name``, wait until it is gone, and load it again from its folder (``config.pbtxt``).
 
     Why not just ``load_model(name)``? Measured on Triton 2.51: a load without a config reloads
-    only when the model's files changed on disk (by modification time); otherwise it is a no-op and
-    a config override sent earlier stays in force. Unloading first makes the next load read the
-    folder afresh.
+    only when something in the model's folder is newer than the last load (modification times, core
+    model_repository_manager.cc L396-L401 at r24.10); otherwise it is a no-op and a config override
+    sent earlier stays in force. Unloading first makes the next load read the folder afresh. (A
+    Python stub's first import of a version writes ``__pycache__`` there, which counts as newer:
+    :func:`lab_backends.lessons.authoring.write_model` byte-compiles ahead so it does not.)
     """
     server.unload_model(name)
     wait_until_unloaded(server, name, timeout_s)
