@@ -93,7 +93,7 @@ def test_a_request_over_the_budget_still_runs_alone(served, library):
     assert (run.table["size"] == 1).all() and len(run.table) == 24
 
 
-def test_a_batch_sent_unclosed_grows_past_the_strategy_unless_every_size_is_preferred(served, library):
+def test_a_batch_sent_unclosed_grows_past_the_strategy_unless_every_size_is_preferred(served, library, monkeypatch):
     """Pins a Triton 2.51 behaviour (core dynamic_batch_scheduler.cc 343-346, 502-508, 517 at r24.10).
 
     Requests of 512 bytes arrive 10 ms apart at a 64-byte budget while each batch takes 50 ms: every
@@ -104,13 +104,29 @@ def test_a_batch_sent_unclosed_grows_past_the_strategy_unless_every_size_is_pref
     gone: update byte_budget.c's comment, notebook 09b section 4 and every_batch_closed.
     """
     server, base = served
-    open_run = batch_strategy.trickle(server, base, library, close_every_batch=False)
+
+    def grew(run: Any) -> bool:
+        return bool(run.table["size"].max() > 1)
+
+    def grown_rounds(**options: Any) -> list[Any]:
+        # A growth needs lone arrivals while the instance is busy; a starved client's sends can bunch up so
+        # that none grows (run 87 of make test, 4 workers on 2 cores: 24 batches of one). Such a run is
+        # measured again, once (notebook.measure_rounds); forced here, so the re-measure runs every time.
+        def trickled(_: float = 1.0) -> Any:
+            return batch_strategy.trickle(server, base, library, **options)
+        rounds = measure_rounds(trickled(), lambda run: not grew(run), trickled)
+        assert len(rounds) >= 2, "the forced re-measure did not run"
+        assert all(run.answers["ok"].all() for run in rounds)
+        return rounds
+
+    monkeypatch.setenv("LAB_FORCE_REMEASURE", "1")
+    open_runs = grown_rounds(close_every_batch=False)
     closed_run = batch_strategy.trickle(server, base, library, close_every_batch=True)
-    delayed_run = batch_strategy.trickle(server, base, library, close_every_batch=True, delay_us=20_000)
-    assert open_run.answers["ok"].all() and closed_run.answers["ok"].all() and delayed_run.answers["ok"].all()
-    assert open_run.table["size"].max() > 1  # several 512-byte requests in one batch, at a 64-byte budget
+    delayed_runs = grown_rounds(close_every_batch=True, delay_us=20_000)
+    assert closed_run.answers["ok"].all()
+    assert grew(open_runs[-1])  # several 512-byte requests in one batch, at a 64-byte budget
     assert (closed_run.table["size"] == 1).all() and len(closed_run.table) == batch_strategy.TRICKLE.n
-    assert delayed_run.table["size"].max() > 1  # the queue delay brings the growth back
+    assert grew(delayed_runs[-1])  # the queue delay brings the growth back
 
 
 @pytest.fixture(scope="module")
