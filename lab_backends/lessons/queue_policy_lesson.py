@@ -97,7 +97,7 @@ def queue_full_burst(server: Any, base: Any, max_queue_size: int = 4, burst: int
     """A burst at a queue that holds at most ``max_queue_size`` requests (batches of up to 16, ``fixed_ms`` each).
 
     Some are refused only if the client sends more than the queue holds while a batch runs. With the
-    model's own 10 ms a batch that took a send every 2 ms or less: a client slowed to 5 ms a send (2x the
+    model's own 10 ms a batch that took a send every 2-3 ms: a client slowed to 5 ms a send (2x the
     slowest seen in a make test run, see :func:`priority_burst`) had none refused, the server draining the
     queue as fast as it filled. 100 ms leaves 20 ms a send (forced in tests/test_batches.py).
     """
