@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from lab_backends.client.infer import infer
 from lab_backends.digits.data import load_split, normalize
+from lab_backends.measure.stats import batch_rows
 from lab_backends.waiting import poll
 
 
@@ -37,12 +38,6 @@ def counts(statistics: dict) -> tuple[int, int, int]:
     inference = statistics["inference_stats"]
     return (int(inference["success"]["count"]), int(inference["fail"]["count"]),
             int(statistics["execution_count"]))
-
-
-def batch_rows(statistics: dict) -> int:
-    """The rows of every execution in ``batch_stats``: a batch record holds its answered rows (the backends'
-    report(): c_backends/frameworks/include/lab_framework_steps.h, lab_tensorflow.c)."""
-    return sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in statistics.get("batch_stats", []))
 
 
 def counted(server, model: str, before: dict, requests: int, rows: int, timeout_s: float = 30.0) -> dict:

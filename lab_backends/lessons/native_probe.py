@@ -24,6 +24,7 @@ from lab_backends.client.infer import infer
 from lab_backends.errors import ExerciseError
 from lab_backends.lessons.authoring import send_together
 from lab_backends.lessons.native_faults import REQUEST_DEADLINE_S, fault
+from lab_backends.measure.stats import batch_rows
 from lab_backends.waiting import poll
 
 TOLERANCE = 1e-4
@@ -120,8 +121,7 @@ class ServedProbe:
 
     def counts(self) -> Counts:
         stats = self.own.statistics(self.model)["model_stats"][0]
-        rows = sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", []))
-        return Counts(int(stats["execution_count"]), rows)
+        return Counts(int(stats["execution_count"]), batch_rows(stats))
 
     def counts_after(self, before: Counts, rows: int) -> Counts:
         """The counts once the batch records hold ``rows`` more rows than ``before`` (at most :data:`STATS_WAIT_S`).

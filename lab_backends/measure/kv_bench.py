@@ -38,7 +38,7 @@ from lab_backends.charlm.text import zen
 from lab_backends.errors import StreamingError
 from lab_backends.kvlm import PLACEMENTS, build_kvlm
 from lab_backends.measure.kv_streams import CONTIGUOUS, PAGED, RECOMPUTE, KvAsk, KvRun, lesson_mix, stream_kv
-from lab_backends.measure.stats import model_entries, settled_statistics
+from lab_backends.measure.stats import batch_rows, model_entries, settled_statistics
 from lab_backends.paths import MODEL_REPOSITORY, PROJECT_ROOT
 from lab_backends.server.repository import config_text, read_config
 from lab_backends.server.running import RunningServer
@@ -87,8 +87,7 @@ def computed(server: RunningServer, model: str) -> tuple[int, int]:
     execution's sequences and its forward pass's time (compute_infer), so no transport is counted."""
     entry = model_entries(settled_statistics(server, model), model)[0]
     stats = entry.get("batch_stats", [])
-    return (sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in stats),
-            sum(int(b["compute_infer"]["ns"]) for b in stats))
+    return batch_rows(entry), sum(int(b["compute_infer"]["ns"]) for b in stats)
 
 
 def _quiet(message: str) -> None:

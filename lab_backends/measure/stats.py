@@ -204,6 +204,15 @@ def rows_since(server: RunningServer, model: str, before: int, expected: int, wa
     return poll(lambda: inference_count(server, model) - before, lambda rows: rows >= expected, wait_s, 0.02)
 
 
+def batch_rows(entry: dict) -> int:
+    """The rows every batch record of a statistics ``entry`` holds: ``batch_stats``' size x executions.
+
+    A backend reports a batch after it has answered its requests (python_backend's PbMetricReporter, the
+    C backends' report()), so waiting for these rows is waiting for the batch records themselves.
+    """
+    return sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in entry.get("batch_stats", []))
+
+
 def entry_when(server: RunningServer, model: str, done: Callable[[dict], bool], wait_s: float = 5.0) -> dict:
     """``model``'s statistics entry once ``done(entry)`` holds; the last one read after ``wait_s``.
 
